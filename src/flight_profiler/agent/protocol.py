@@ -1,0 +1,116 @@
+"""Wire protocol shared by the CLI and the agent. Standard library only.
+
+Frames: a 4-byte big-endian length, then that many bytes of UTF-8 JSON (one object). JSON only:
+a pickle on the wire would let whoever reaches the socket run code in the target.
+
+Conversation on one connection::
+
+    client -> {"type": "hello", "protocol": 1, "client": "flight_profiler 0.1.0"}
+    agent  -> {"type": "hello", "protocol": 1, "agent_version": "...", "pid": 123,
+               "start_time": 456789}        # start_time: /proc/<pid>/stat field 22, in ticks
+    client -> {"type": "request", "id": 1, "cmd": "watch", "args": {...}}
+    agent  -> {"type": "event", "id": 1, "data": {...}}      # zero or more, for streams
+    agent  -> {"type": "result", "id": 1, "data": {...}}     # exactly one of result / error
+           or {"type": "error", "id": 1, "error": {"kind": "...", "message": "...", "hint": "..."}}
+    client -> {"type": "cancel", "id": 1}   # any time during a stream: the agent removes the
+                                            # request's hooks and sends the final result
+
+One request at a time per connection; open more connections for concurrency. A client that
+disconnects is treated as a cancel of its running request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+# Error kinds the agent may report (the CLI maps them to exit codes in errors.py).
+ERR_USAGE = "usage"
+ERR_NOT_FOUND = "not_found"
+ERR_TORCH_MISSING = "torch_missing"
+ERR_FAILED = "failed"
+ERR_INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A malformed or oversized frame, or a peer that speaks another protocol."""
+
+
+def socket_dir(uid: int, root: str = "/") -> str:
+    """Private directory (0700, owned by ``uid``) holding the agent sockets and logs.
+
+    ``root`` lets the CLI reach a containerised target through ``/proc/<pid>/root``.
+    """
+    return os.path.join(root, "tmp", f"flight_profiler-{uid}")
+
+
+def socket_path(pid: int, uid: int, root: str = "/") -> str:
+    return os.path.join(socket_dir(uid, root), f"agent-{pid}.sock")
+
+
+def log_path(pid: int, uid: int, root: str = "/") -> str:
+    return os.path.join(socket_dir(uid, root), f"agent-{pid}.log")
+
+
+def process_start_time(pid: int) -> int:
+    """Start time of ``pid`` in clock ticks since boot (/proc/<pid>/stat field 22).
+
+    pids get reused; (pid, start_time) names one process for its whole life.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    rest = data[data.rindex(b")") + 2 :].split()
+    return int(rest[19])
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), default=str).encode("utf-8")
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME_BYTES} limit")
+    return _HEADER.pack(len(body)) + body
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(encode(message))
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks = []
+    remaining = n
+    while remaining:
+        chunk = sock.recv(min(remaining, 1 << 20))
+        if not chunk:
+            if remaining == n:
+                return None
+            raise ProtocolError("connection closed in the middle of a frame")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv(sock: socket.socket) -> dict[str, Any] | None:
+    """Read one message; ``None`` on a clean end of stream."""
+    header = _recv_exact(sock, _HEADER.size)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME_BYTES:
+        raise ProtocolError(f"announced frame of {length} bytes exceeds the limit")
+    body = _recv_exact(sock, length)
+    if body is None:
+        raise ProtocolError("connection closed before the frame body")
+    try:
+        message = json.loads(body.decode("utf-8"))
+    except ValueError as exc:
+        raise ProtocolError(f"frame is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("frame is not a JSON object")
+    return message

@@ -1,0 +1,1 @@
+"""Click commands only: parse, call a service, render. Heavy imports stay inside commands."""

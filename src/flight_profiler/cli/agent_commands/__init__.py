@@ -1,0 +1,87 @@
+"""Commands that run inside the agent, as typed after ``--cmd`` or at the shell prompt.
+
+Each family module defines click commands whose callback returns an :class:`AgentRequest`
+(what to send, how to render it). :func:`parse` turns a command string into one. The table
+below is the only place a family is registered; modules are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+
+import click
+
+from flight_profiler.cli.agent_commands.base import AgentRequest
+from flight_profiler.errors import UsageError
+
+# command name as typed -> "module:attribute" of a click command in this package.
+COMMANDS: dict[str, str] = {
+    "status": "basic:status",
+    "stack": "basic:stack",
+    "detach": "basic:detach",
+    "watch": "watch:watch",
+    "trace": "trace:trace",
+    "torch memory": "torch:memory",
+    "torch tensors": "torch:tensors",
+    "torch profile": "torch:profile",
+}
+
+SUMMARIES: dict[str, str] = {
+    "status": "agent, interpreter, torch/CUDA and active instrumentation",
+    "stack": "Python stacks of all threads",
+    "detach": "remove all instrumentation and stop the agent",
+    "watch": "watch calls of module [class] method: args, return, cost, exceptions",
+    "trace": "call tree below module [class] method with inclusive times",
+    "torch memory": "allocator state; -s snapshot; -r record a method's allocations",
+    "torch tensors": "census of live tensors and who holds them; --diff for growth",
+    "torch profile": "profile a method's next calls, or a time window, to a Chrome trace",
+}
+
+
+def load(name: str) -> click.Command:
+    module_name, attr = COMMANDS[name].split(":")
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    command: click.Command = getattr(module, attr)
+    return command
+
+
+def split_name(words: list[str]) -> tuple[str, list[str]]:
+    """Find the command name (one or two words) at the start of ``words``."""
+    if len(words) >= 2 and f"{words[0]} {words[1]}" in COMMANDS:
+        return f"{words[0]} {words[1]}", words[2:]
+    if words and words[0] in COMMANDS:
+        return words[0], words[1:]
+    typed = " ".join(words[:2]) if words else ""
+    known = ", ".join(COMMANDS)
+    raise UsageError(f"unknown command {typed!r}", f"known commands: {known}; try `help`")
+
+
+def parse(command_line: str) -> AgentRequest:
+    """Parse ``"watch __main__ train_step -n 3"`` into the request to send to the agent."""
+    try:
+        words = shlex.split(command_line)
+    except ValueError as exc:
+        raise UsageError(f"cannot parse command {command_line!r}: {exc}") from None
+    if not words:
+        raise UsageError("empty command", "try `stack` or `status`; `help` lists all commands")
+    name, rest = split_name(words)
+    command = load(name)
+    try:
+        with command.make_context(name, rest, resilient_parsing=False) as ctx:
+            request = command.invoke(ctx)
+    except click.exceptions.Exit as exc:  # --help inside the command string
+        raise HelpShown(exc.exit_code) from None
+    except click.ClickException as exc:
+        raise UsageError(f"{name}: {exc.format_message()}", f"see `{name} --help`") from None
+    if not isinstance(request, AgentRequest):
+        raise UsageError(f"{name}: command built no request")
+    return request
+
+
+class HelpShown(Exception):
+    """The command string asked for --help; click already printed it."""
+
+    def __init__(self, code: int = 0) -> None:
+        super().__init__("help shown")
+        self.code = code

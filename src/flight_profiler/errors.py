@@ -1,0 +1,129 @@
+"""One error hierarchy for the CLI side.
+
+Every error a user can meet is a :class:`FlightProfilerError`: it carries the exit code the CLI
+ends with and the help text that names the fix. The CLI prints ``error: <message>`` and, on the
+next line, ``hint: <hint>``; with ``--json`` it prints ``{"error": {...}}`` instead.
+
+Exit codes are part of the public interface (docs/exit-codes.md); never renumber them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ExitCode:
+    OK = 0
+    COMMAND_FAILED = 1  # the agent ran the command and it failed, or an unexpected error
+    USAGE = 2  # malformed command line or command string (click uses 2 as well)
+    PROCESS_NOT_FOUND = 3
+    PERMISSION_DENIED = 4
+    NOT_PYTHON = 5
+    ATTACH_FAILED = 6
+    ATTACH_TIMEOUT = 7
+    BAD_INPUT_FILE = 8  # report: a file is corrupt, truncated, foreign or unsafe
+    FINDINGS = 9  # report/diagnose: a finding reached --fail-on
+    AGENT_LOST = 10  # the connection to the agent broke mid-command
+    TORCH_MISSING = 11  # the target has not imported torch
+    INTERRUPTED = 130
+
+
+class FlightProfilerError(Exception):
+    """Base class: a failure with a message, a hint naming the fix, and an exit code."""
+
+    exit_code: ClassVar[int] = ExitCode.COMMAND_FAILED
+    kind: ClassVar[str] = "error"
+    default_hint: ClassVar[str] = ""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "hint": self.hint,
+            "exit_code": self.exit_code,
+        }
+
+
+class UsageError(FlightProfilerError):
+    exit_code = ExitCode.USAGE
+    kind = "usage"
+    default_hint = "Run with --help to see the accepted arguments."
+
+
+class ProcessNotFound(FlightProfilerError):
+    exit_code = ExitCode.PROCESS_NOT_FOUND
+    kind = "process_not_found"
+    default_hint = "Check the pid with `ps aux | grep python`; the process may have exited."
+
+
+class PermissionDenied(FlightProfilerError):
+    exit_code = ExitCode.PERMISSION_DENIED
+    kind = "permission_denied"
+
+
+class NotPython(FlightProfilerError):
+    exit_code = ExitCode.NOT_PYTHON
+    kind = "not_python"
+    default_hint = "Pass the pid of the Python process itself, not a shell or launcher around it."
+
+
+class AttachFailed(FlightProfilerError):
+    exit_code = ExitCode.ATTACH_FAILED
+    kind = "attach_failed"
+
+
+class AttachTimeout(AttachFailed):
+    exit_code = ExitCode.ATTACH_TIMEOUT
+    kind = "attach_timeout"
+    default_hint = "The target was left as it was; retry later or raise --timeout."
+
+
+class BadInputFile(FlightProfilerError):
+    exit_code = ExitCode.BAD_INPUT_FILE
+    kind = "bad_input_file"
+
+
+class FindingsThreshold(FlightProfilerError):
+    exit_code = ExitCode.FINDINGS
+    kind = "findings"
+
+
+class AgentLost(FlightProfilerError):
+    exit_code = ExitCode.AGENT_LOST
+    kind = "agent_lost"
+    default_hint = "The target may have exited; check it with `ps -p <pid>`."
+
+
+class TorchMissing(FlightProfilerError):
+    exit_code = ExitCode.TORCH_MISSING
+    kind = "torch_missing"
+    default_hint = "torch commands need a target that has already imported torch."
+
+
+class RemoteCommandError(FlightProfilerError):
+    """The agent ran the command and reported a failure (e.g. no such method)."""
+
+    exit_code = ExitCode.COMMAND_FAILED
+    kind = "command_failed"
+
+
+# The agent reports errors as {"kind", "message", "hint"}; these kinds map to CLI errors.
+_REMOTE_KINDS: dict[str, type[FlightProfilerError]] = {
+    "usage": UsageError,
+    "not_found": RemoteCommandError,
+    "torch_missing": TorchMissing,
+    "failed": RemoteCommandError,
+    "internal": RemoteCommandError,
+}
+
+
+def from_remote(error: dict[str, Any]) -> FlightProfilerError:
+    """Turn an error reply from the agent into the matching CLI-side exception."""
+    cls = _REMOTE_KINDS.get(str(error.get("kind", "failed")), RemoteCommandError)
+    hint = error.get("hint")
+    return cls(str(error.get("message", "the agent reported an error")), hint or None)
