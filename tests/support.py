@@ -1,0 +1,126 @@
+"""Real target processes for tests: spawn a Python program, wait until it says it is ready.
+
+A target writes its stdout/stderr to files (never a pipe that could fill up and block it), so a
+test can also assert that the agent printed nothing into the target's own output.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+TRACES = SHARED / "fixtures" / "traces"
+
+
+def find_pythons() -> dict[str, str]:
+    """Installed CPython interpreters by ``major.minor`` (3.9 .. 3.14), pyenv's included."""
+    found: dict[str, str] = {}
+    for minor in range(9, 15):
+        version = f"3.{minor}"
+        path = shutil.which(f"python{version}")
+        # pyenv shims exist for every version but only run the ones that are "global".
+        if path and "/shims/" in path:
+            path = None
+        if not path:
+            hits = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+            path = hits[-1] if hits else None
+        if path and os.access(path, os.X_OK):
+            found[version] = path
+    return found
+
+
+PYTHONS = find_pythons()
+
+
+def torch_available() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("torch") is not None
+    except ValueError:
+        return False
+
+
+class Target:
+    def __init__(self, popen: subprocess.Popen[bytes], out: Path, err: Path) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.out_path = out
+        self.err_path = err
+
+    @property
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_for(self, pattern: str, timeout: float = 30.0, start: int = 0) -> re.Match[str]:
+        """Wait until ``pattern`` (a regex) appears in the target's stdout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, self.stdout[start:])
+            if m:
+                return m
+            if not self.alive():
+                raise AssertionError(
+                    f"target exited ({self.popen.returncode}) before {pattern!r}:\n"
+                    f"stdout: {self.stdout[-2000:]}\nstderr: {self.stderr[-2000:]}"
+                )
+            time.sleep(0.02)
+        raise AssertionError(f"target did not print {pattern!r} in {timeout}s: {self.stdout[-2000:]}")
+
+    def stop(self, timeout: float = 10.0) -> Optional[int]:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout)
+        return self.popen.returncode
+
+
+def spawn(
+    code: str,
+    python: str = sys.executable,
+    ready: Optional[str] = "READY",
+    timeout: float = 30.0,
+    env: Optional[dict[str, str]] = None,
+    cwd: Optional[str] = None,
+    args: tuple[str, ...] = (),
+) -> Target:
+    """Start ``python -c code`` (dedented) and wait for ``ready`` on its stdout."""
+    tmp = Path(tempfile.mkdtemp(prefix="fp-target-"))
+    script = tmp / "target_main.py"
+    script.write_text(textwrap.dedent(code))
+    out, err = tmp / "stdout", tmp / "stderr"
+    full_env = dict(os.environ)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    if env:
+        full_env.update(env)
+    with open(out, "wb") as o, open(err, "wb") as e:
+        popen = subprocess.Popen(
+            [python, str(script), *args], stdout=o, stderr=e, stdin=subprocess.DEVNULL,
+            env=full_env, cwd=cwd or str(tmp),
+        )
+    target = Target(popen, out, err)
+    if ready:
+        target.wait_for(ready, timeout)
+    return target
