@@ -10,6 +10,9 @@ import click
 
 from flight_profiler.errors import ExitCode, FlightProfilerError
 
+# click >= 8.2 renamed NoArgsIsHelp to NoArgsIsHelpError.
+_NoArgsIsHelp: type[Exception] = getattr(click.exceptions, "NoArgsIsHelpError", None) or click.exceptions.NoArgsIsHelp
+
 
 def wants_json(argv: list[str]) -> bool:
     return "--json" in argv
@@ -32,8 +35,8 @@ def run_cli(group: click.Group, argv: list[str]) -> Any:
     except FlightProfilerError as err:
         print_error(err, as_json)
         sys.exit(err.exit_code)
-    except click.exceptions.NoArgsIsHelp as exc:
-        click.echo(exc.ctx.get_help() if exc.ctx else "")
+    except _NoArgsIsHelp as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else "")  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except click.ClickException as exc:
         if as_json:

@@ -1,0 +1,237 @@
+"""Attach latency and idle cost of the agent, measured in one run (ratios: machines are noisy).
+
+    /work/venv/bin/python bench/bench_attach.py [--python /path/to/python3.X] [--runs 5]
+
+Prints (and with --json emits) :
+- first command on a fresh target (CLI wall time, and the API's attach time);
+- a later command on the same target (CLI wall time, API reconnect + request);
+- bare `flight_profiler --help`, against `python -c pass` on the same interpreter;
+- which heavy modules `--help` and a reconnect import (-X importtime): torch never, rich tables
+  only when a table is rendered;
+- idle cost: loop throughput of a target before/after an agent arrives (left idle), divided by
+  the same before/after change of an identical target running alongside without an agent.
+Targets of the peer comparison (docs/attach.md): first command < 0.5 s, later < 0.1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+from flight_profiler.api import connect  # noqa: E402
+
+CLI = [sys.executable, "-m", "flight_profiler"]
+
+SLEEPER = r"""
+import os, time
+os.write(1, b"READY\n")
+while True:
+    time.sleep(0.05)
+"""
+
+# Counts loop iterations and prints a total every 0.25 s.
+SPINNER = r"""
+import os, time
+os.write(1, b"READY\n")
+n = 0
+last = time.monotonic()
+while True:
+    for i in range(1000):
+        n += 1
+    now = time.monotonic()
+    if now - last >= 0.25:
+        os.write(1, f"n {n} {now}\n".encode())
+        last = now
+"""
+
+
+def spawn(python: str, code: str) -> tuple[subprocess.Popen[bytes], Path]:
+    out = Path(tempfile.mkstemp(prefix="fp-bench-", suffix=".out")[1])
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([python, "-c", code], stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while b"READY" not in out.read_bytes():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"target did not start: {out.read_text()}")
+        time.sleep(0.01)
+    return proc, out
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(10)
+
+
+def wall(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+    return time.perf_counter() - start
+
+
+def imported(argv: list[str]) -> set[str]:
+    """Modules imported by a CLI run, from -X importtime."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", *argv[1:]], capture_output=True,
+                          text=True, timeout=120)
+    return {m.group(1).strip() for m in re.finditer(r"\|\s+([\w.]+)\s*$", proc.stderr, re.M)}
+
+
+def median_ms(values: list[float]) -> dict[str, float]:
+    return {"median_ms": round(statistics.median(values) * 1000, 1),
+            "min_ms": round(min(values) * 1000, 1), "max_ms": round(max(values) * 1000, 1)}
+
+
+def bench_latency(python: str, runs: int) -> dict[str, object]:
+    first_cli, first_api, later_cli, later_api = [], [], [], []
+    for _ in range(runs):
+        proc, _ = spawn(python, SLEEPER)
+        try:
+            first_cli.append(wall([*CLI, str(proc.pid), "--cmd", "status", "--json"]))
+            for _ in range(3):
+                later_cli.append(wall([*CLI, str(proc.pid), "--cmd", "status", "--json"]))
+            for _ in range(5):
+                start = time.perf_counter()
+                with connect(proc.pid) as session:
+                    session.request("status")
+                later_api.append(time.perf_counter() - start)
+            with connect(proc.pid) as session:
+                session.detach()
+            time.sleep(0.05)
+            start = time.perf_counter()
+            with connect(proc.pid, timeout=15) as session:
+                assert session.injected
+                session.request("status")
+            first_api.append(time.perf_counter() - start)
+        finally:
+            stop(proc)
+    return {
+        "first_command_cli": median_ms(first_cli),
+        "first_command_api": median_ms(first_api),
+        "later_command_cli": median_ms(later_cli),
+        "later_command_api": median_ms(later_api),
+    }
+
+
+def bench_startup(runs: int) -> dict[str, object]:
+    helps = [wall([*CLI, "--help"]) for _ in range(runs)]
+    bare = [wall([sys.executable, "-c", "pass"]) for _ in range(runs)]
+    return {"help": median_ms(helps), "python_-c_pass": median_ms(bare),
+            "help_over_bare_python": round(statistics.median(helps) / statistics.median(bare), 2)}
+
+
+def bench_imports(python: str) -> dict[str, object]:
+    heavy = ("torch", "numpy", "rich", "rich.table", "rich.console", "flight_profiler.report",
+             "flight_profiler.attach.gdb")
+    help_mods = imported([*CLI, "--help"])
+    proc, _ = spawn(python, SLEEPER)
+    try:
+        wall([*CLI, str(proc.pid), "--cmd", "status"])
+        json_mods = imported([*CLI, str(proc.pid), "--cmd", "stack", "--json"])
+        rich_mods = imported([*CLI, str(proc.pid), "--cmd", "stack"])
+        with connect(proc.pid) as session:
+            session.detach()
+    finally:
+        stop(proc)
+    return {
+        "help_imports": sorted(m for m in heavy if m in help_mods),
+        "reconnect_json_imports": sorted(m for m in heavy if m in json_mods),
+        "reconnect_rendered_imports": sorted(m for m in heavy if m in rich_mods),
+    }
+
+
+def _counts(out: Path) -> list[tuple[int, float]]:
+    return [(int(a), float(b)) for a, b in re.findall(r"^n (\d+) ([\d.]+)$", out.read_text(), re.M)]
+
+
+def _rate(out: Path, t0: float, t1: float) -> float:
+    points = [p for p in _counts(out) if t0 <= p[1] <= t1]
+    if len(points) < 2:
+        return float("nan")
+    (n0, s0), (n1, s1) = points[0], points[-1]
+    return (n1 - n0) / (s1 - s0)
+
+
+def bench_idle(python: str, seconds: float, rounds: int) -> dict[str, object]:
+    """Idle cost as a difference-in-differences ratio, robust to load changing over time.
+
+    Two identical spinners run at once. Both are measured for ``seconds`` (before), then one
+    gets an agent (left idle) and both are measured again (after). The ratio
+    (A_after / A_before) / (B_after / B_before) is 1.0 when an idle agent costs nothing.
+    Roles alternate between rounds (use an even number of rounds).
+    """
+    ratios = []
+    for r in range(rounds):
+        a, out_a = spawn(python, SPINNER)
+        b, out_b = spawn(python, SPINNER)
+        try:
+            (agent_p, agent_out), ctrl_out = (a, out_a), out_b
+            if r % 2:
+                (agent_p, agent_out), ctrl_out = (b, out_b), out_a
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            t1 = time.monotonic()
+            with connect(agent_p.pid, timeout=15):
+                pass  # the agent stays, idle
+            time.sleep(0.5)
+            t2 = time.monotonic()
+            time.sleep(seconds)
+            t3 = time.monotonic()
+            agent_change = _rate(agent_out, t2, t3) / _rate(agent_out, t0, t1)
+            ctrl_change = _rate(ctrl_out, t2, t3) / _rate(ctrl_out, t0, t1)
+            ratios.append(agent_change / ctrl_change)
+        finally:
+            stop(a)
+            stop(b)
+    # geometric mean: with roles alternating, a drift between the two processes cancels out
+    return {"throughput_ratio_idle_agent_over_none": round(statistics.geometric_mean(ratios), 4),
+            "rounds": [round(x, 4) for x in ratios]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = "/root/.pyenv/versions/3.11.7/bin/python3.11"
+    parser.add_argument("--python", default=default if os.path.exists(default) else sys.executable)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--idle-seconds", type=float, default=3.0)
+    parser.add_argument("--idle-rounds", type=int, default=6)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = {
+        "target_python": args.python,
+        "latency": bench_latency(args.python, args.runs),
+        "startup": bench_startup(args.runs),
+        "imports": bench_imports(args.python),
+        "idle": bench_idle(args.python, args.idle_seconds, args.idle_rounds),
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    lat = results["latency"]
+    print(f"target: {args.python}")
+    for key, value in lat.items():  # type: ignore[union-attr]
+        print(f"{key:22s} median {value['median_ms']:7.1f} ms  (min {value['min_ms']}, max {value['max_ms']})")
+    st = results["startup"]
+    print(f"--help                 median {st['help']['median_ms']:7.1f} ms  "  # type: ignore[index]
+          f"(python -c pass {st['python_-c_pass']['median_ms']} ms, "  # type: ignore[index]
+          f"ratio {st['help_over_bare_python']})")  # type: ignore[index]
+    for key, value in results["imports"].items():  # type: ignore[union-attr]
+        print(f"{key:28s} heavy modules: {', '.join(value) or 'none'}")
+    idle = results["idle"]
+    print(f"idle agent throughput ratio {idle['throughput_ratio_idle_agent_over_none']} "  # type: ignore[index]
+          f"(rounds {idle['rounds']})")  # type: ignore[index]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Time and peak memory of ``flight_profiler report`` on a synthetic 1 M-event GPU trace.
+
+    python bench/bench_report.py [--events 1000000] [--trace PATH] [--repeat 1]
+    FP_HTA_PYTHON=/work/hta-venv/bin/python python bench/bench_report.py   # adds HTA
+
+Each contender runs in its own process (so peak RSS is its own) on the same file, in one run:
+- flight_profiler: ``analyze([trace])`` (streaming load, every metric and rule);
+- json.load: the stdlib loading the whole document and nothing else (the floor of any
+  load-everything analyser);
+- HTA (only if FP_HTA_PYTHON names a Python with HolisticTraceAnalysis installed; it is not a
+  dependency): TraceAnalysis + get_temporal_breakdown, HTA_DISABLE_NS_ROUNDING=1.
+Machines are shared and noisy: compare the ratios printed at the end, not absolute seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+_MEASURE = """
+import json, resource, sys, time
+path = sys.argv[1]
+t0, c0 = time.perf_counter(), time.process_time()
+{body}
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": rss, "check": check}}))
+"""
+
+CONTENDERS = {
+    "flight_profiler": (
+        "from flight_profiler.report import analyze\n"
+        "r = analyze([path])\n"
+        "b = r.inputs[0].data.get('gpu_time_breakdown') or {}\n"
+        "check = [r.inputs[0].ok, b.get('idle_pct'), len(r.findings)]"
+    ),
+    "json.load": (
+        "import gzip\n"
+        "with (gzip.open(path) if path.endswith('.gz') else open(path, 'rb')) as fh:\n"
+        "    doc = json.load(fh)\n"
+        "check = len(doc['traceEvents'])"
+    ),
+    "HTA": (
+        "import os\n"
+        "from hta.trace_analysis import TraceAnalysis\n"
+        "ta = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(path))\n"
+        "df = ta.get_temporal_breakdown(visualize=False)\n"
+        "check = [float(df['idle_time_pctg'][0])]"
+    ),
+}
+
+
+def run(python: str, name: str, path: str, timeout: float = 900.0) -> dict[str, object]:
+    code = _MEASURE.format(body=CONTENDERS[name])
+    env = dict(os.environ, HTA_DISABLE_NS_ROUNDING="1",
+               PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([python, "-c", code, path], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--trace", help="use this trace instead of generating one")
+    p.add_argument("--repeat", type=int, default=1)
+    a = p.parse_args()
+    path = a.trace
+    if path is None:
+        sys.path.insert(0, str(HERE))
+        from gen_trace import generate
+
+        path = os.path.join(tempfile.gettempdir(), f"fp_bench_{a.events}.json.gz")
+        if not os.path.exists(path):
+            n = generate(path, a.events)
+            print(f"generated {path} ({n} events, {os.path.getsize(path) >> 20} MiB gz)")
+    names = ["flight_profiler", "json.load"]
+    hta = os.environ.get("FP_HTA_PYTHON")
+    if hta:
+        names.append("HTA")
+    results: dict[str, list[dict[str, object]]] = {n: [] for n in names}
+    for _ in range(a.repeat):
+        for name in names:
+            results[name].append(run(hta if name == "HTA" else sys.executable, name, path))
+    best = {}
+    for name, runs in results.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            print(f"{name:16s} failed: {runs[0].get('error')}")
+            continue
+        r = min(ok, key=lambda r: float(r["wall_s"]))  # type: ignore[arg-type]
+        best[name] = r
+        print(f"{name:16s} wall {r['wall_s']:7.2f} s  cpu {r['cpu_s']:7.2f} s  "
+              f"peak RSS {r['peak_rss_mb']:7.1f} MB  check {r['check']}")
+    ours = best.get("flight_profiler")
+    if ours:
+        for name, r in best.items():
+            if name != "flight_profiler":
+                print(f"ratio {name} / flight_profiler: time x{float(r['wall_s']) / float(ours['wall_s']):.1f}, "
+                      f"peak RSS x{float(r['peak_rss_mb']) / float(ours['peak_rss_mb']):.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Write a synthetic GPU Chrome trace shaped like torch.profiler's export (for benchmarks).
+
+    python bench/gen_trace.py OUT.json[.gz] [--events 1000000] [--seed 0] [--leak]
+
+Each training step has what a real GPU trace has (torch-formats.md): a ProfilerStep#N and a
+DataLoader ``__next__`` user annotation, python_function frames (with_stack), cpu_op
+operators launching kernels through cudaLaunchKernel (correlation ids, ac2g flows), a pageable
+host-to-device copy of the batch, an ``.item()`` that synchronises (aten::item ->
+aten::_local_scalar_dense -> cudaMemcpyAsync + cudaStreamSynchronize, a DtoH memcpy) and
+``[memory]`` instant events. ``--leak`` makes Total Allocated grow by 4 MB a step.
+Deterministic for a given seed; streams to disk, so it needs no memory to speak of.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+from typing import IO, Any
+
+PID, TID, DEV, STREAM = 4242, 4242, 0, 7
+LAYERS = ["conv1", "bn1", "relu", "conv2", "bn2", "fc1", "fc2", "dropout"]
+KERNELS = {
+    "conv1": "void cudnn::cnn::conv2d_grouped_direct_kernel<float>(float const*, float*)",
+    "conv2": "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_kernel",
+    "bn1": "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>(float*)",
+    "bn2": "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>(float*)",
+    "relu": "void at::native::vectorized_elementwise_kernel<4, at::native::ReluFunctor<float>>()",
+    "fc1": "ampere_sgemm_128x64_tn",
+    "fc2": "ampere_sgemm_32x32_sliced1x4_tn",
+    "dropout": "void at::native::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4>()",
+}
+OPS = {"conv1": "aten::conv2d", "conv2": "aten::conv2d", "bn1": "aten::batch_norm",
+       "bn2": "aten::batch_norm", "relu": "aten::relu", "fc1": "aten::addmm",
+       "fc2": "aten::addmm", "dropout": "aten::dropout"}
+
+
+class _Writer:
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self.count = 0
+        self.first = True
+
+    def ev(self, e: dict[str, Any]) -> None:
+        self.out.write(("" if self.first else ",\n") + json.dumps(e, separators=(", ", ": ")))
+        self.first = False
+        self.count += 1
+
+
+def generate(path: str, events: int = 1_000_000, seed: int = 0, leak: bool = False) -> int:
+    rng = random.Random(seed)
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8") as out:  # type: ignore[operator]
+        out.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [{"id": 0, "name": '
+                  '"Synthetic A100", "totalGlobalMem": 42505273344, "computeMajor": 8}],\n'
+                  '  "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},\n'
+                  '  "traceEvents": [\n')
+        w = _Writer(out)
+        t = 1_700_000_000_000.0  # us
+        gpu_t = t
+        corr = 1000
+        ext = 1
+        step = 0
+        allocated = 500 << 20
+        while w.count < events:
+            step_start = t
+            step_events_start = w.count
+            # DataLoader
+            dl = rng.uniform(300, 900)
+            w.ev({"ph": "X", "cat": "user_annotation", "name":
+                  "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+                  "pid": PID, "tid": TID, "ts": t + 1, "dur": dl, "args": {"External id": ext}})
+            ext += 1
+            t += dl + 2
+            # pageable HtoD copy of the batch
+            corr += 1
+            w.ev({"ph": "X", "cat": "python_function", "name": "train.py(41): train_step",
+                  "pid": PID, "tid": TID, "ts": t, "dur": 60.0, "args": {}})
+            w.ev({"ph": "X", "cat": "cpu_op", "name": "aten::to", "pid": PID, "tid": TID,
+                  "ts": t + 1, "dur": 55.0, "args": {"External id": ext}})
+            w.ev({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": PID,
+                  "tid": TID, "ts": t + 3, "dur": 50.0, "args": {"correlation": corr,
+                                                                 "External id": ext}})
+            gpu_t = max(gpu_t, t + 5)
+            w.ev({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)",
+                  "pid": DEV, "tid": STREAM, "ts": gpu_t, "dur": 45.0,
+                  "args": {"device": DEV, "stream": STREAM, "correlation": corr,
+                           "bytes": 12582912, "memory bandwidth (GB/s)": 11.2}})
+            gpu_t += 45.0
+            ext += 1
+            t += 62
+            while w.count - step_events_start < 2000 and w.count < events:
+                for layer in LAYERS:
+                    corr += 1
+                    dur_cpu = rng.uniform(8, 20)
+                    w.ev({"ph": "X", "cat": "python_function",
+                          "name": f"model.py({100 + LAYERS.index(layer)}): forward",
+                          "pid": PID, "tid": TID, "ts": t, "dur": dur_cpu + 4, "args": {}})
+                    w.ev({"ph": "X", "cat": "cpu_op", "name": OPS[layer], "pid": PID,
+                          "tid": TID, "ts": t + 1, "dur": dur_cpu,
+                          "args": {"External id": ext, "Sequence number": ext}})
+                    w.ev({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                          "pid": PID, "tid": TID, "ts": t + 2, "dur": 5.0,
+                          "args": {"correlation": corr, "External id": ext, "cbid": 211}})
+                    w.ev({"ph": "s", "id": corr, "pid": PID, "tid": TID, "ts": t + 2,
+                          "cat": "ac2g", "name": "ac2g"})
+                    kd = rng.uniform(3, 40)
+                    gpu_t = max(gpu_t + rng.uniform(0, 2), t + 8)
+                    w.ev({"ph": "X", "cat": "kernel", "name": KERNELS[layer], "pid": DEV,
+                          "tid": STREAM, "ts": gpu_t, "dur": kd,
+                          "args": {"device": DEV, "stream": STREAM, "correlation": corr,
+                                   "External id": ext, "grid": [80, 1, 1],
+                                   "block": [256, 1, 1], "est. achieved occupancy %": 50}})
+                    w.ev({"ph": "f", "id": corr, "pid": DEV, "tid": STREAM, "ts": gpu_t,
+                          "cat": "ac2g", "name": "ac2g", "bp": "e"})
+                    gpu_t += kd
+                    ext += 1
+                    delta = rng.choice((1, -1)) * (1 << 20)
+                    allocated += delta
+                    w.ev({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]",
+                          "pid": PID, "tid": TID, "ts": t + 1.5, "s": "t",
+                          "args": {"Total Reserved": 2 << 30, "Total Allocated": allocated,
+                                   "Bytes": delta, "Addr": 139_000_000_000 + corr,
+                                   "Device Id": DEV, "Device Type": 1}})
+                    t += dur_cpu + 6
+            # loss.item(): a sync that waits for the GPU queue to drain
+            corr += 1
+            wait = max(0.0, gpu_t - t) + 4
+            w.ev({"ph": "X", "cat": "python_function", "name": "train.py(57): train_step",
+                  "pid": PID, "tid": TID, "ts": t, "dur": wait + 20, "args": {}})
+            w.ev({"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": PID, "tid": TID,
+                  "ts": t + 1, "dur": wait + 16, "args": {"External id": ext}})
+            w.ev({"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "pid": PID,
+                  "tid": TID, "ts": t + 2, "dur": wait + 14, "args": {"External id": ext + 1}})
+            w.ev({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": PID,
+                  "tid": TID, "ts": t + 3, "dur": 6.0, "args": {"correlation": corr}})
+            w.ev({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize",
+                  "pid": PID, "tid": TID, "ts": t + 10, "dur": wait, "args": {"correlation": corr + 1}})
+            w.ev({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)",
+                  "pid": DEV, "tid": STREAM, "ts": max(gpu_t, t + 5), "dur": 2.0,
+                  "args": {"device": DEV, "stream": STREAM, "correlation": corr, "bytes": 4}})
+            corr += 1
+            ext += 2
+            t += wait + 22
+            gpu_t = max(gpu_t, t)
+            if leak:
+                allocated += 4 << 20
+            w.ev({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
+                  "pid": PID, "tid": TID, "ts": step_start, "dur": t - step_start,
+                  "args": {"External id": ext}})
+            ext += 1
+            step += 1
+            t += 5
+        out.write('\n  ],\n  "traceName": "synthetic.pt.trace.json"\n}\n')
+    return w.count
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out")
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--leak", action="store_true")
+    a = p.parse_args()
+    n = generate(a.out, a.events, a.seed, a.leak)
+    print(f"wrote {n} events to {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""`stack`: every thread's Python stack, innermost frame last (like a traceback)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from ..registry import Context
+
+_AGENT_THREAD_PREFIX = "flight_profiler-"
+_MAX_FRAMES = 200
+
+
+def _frames(frame: Any, limit: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while frame is not None and len(out) < limit:
+        code = frame.f_code
+        out.append({
+            "file": code.co_filename,
+            "line": frame.f_lineno,
+            "function": getattr(code, "co_qualname", code.co_name),
+        })
+        frame = frame.f_back
+    out.reverse()
+    return out
+
+
+def handle(ctx: Context) -> dict[str, Any]:
+    show_agent = bool(ctx.arg("all", False))
+    limit = int(ctx.arg("limit", _MAX_FRAMES))
+    names = {t.ident: t for t in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    me = threading.get_ident()
+    threads: list[dict[str, Any]] = []
+    hidden = 0
+    frames = sys._current_frames()
+    try:
+        for ident, frame in frames.items():
+            thread = names.get(ident)
+            name = thread.name if thread is not None else f"Thread-{ident}"
+            is_agent = ident == me or name.startswith(_AGENT_THREAD_PREFIX)
+            if is_agent and not show_agent:
+                hidden += 1
+                continue
+            threads.append({
+                "ident": ident,
+                "native_id": getattr(thread, "native_id", None),
+                "name": name,
+                "daemon": bool(thread.daemon) if thread is not None else None,
+                "main": ident == main_ident,
+                "agent": is_agent,
+                "frames": _frames(frame, limit),
+            })
+    finally:
+        del frames  # frames keep the target's locals alive
+    threads.sort(key=lambda t: (not t["main"], t["agent"], t["name"]))
+    return {"threads": threads, "hidden_agent_threads": hidden}

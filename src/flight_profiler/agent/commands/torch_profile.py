@@ -1,0 +1,184 @@
+"""``torch profile``: a method's next calls (in the calling thread) or a time window (all
+threads) with torch.profiler, written as a Chrome trace; returns the top operators.
+
+args: target (method mode) or duration (window mode); calls, timeout, path/default_dir,
+record_shapes, profile_memory, with_stack, sort_by, row_limit, schedule [wait, warmup,
+active, repeat], tensorboard (a directory), label.
+CPU activity always; CUDA activity when the target uses CUDA (synchronised before stopping).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from .. import call_window, trace_tools
+from ..protocol import ERR_USAGE
+from ..registry import CommandError, Context
+from ..torch_support import (
+    QuietStderr,
+    check_writable,
+    cuda_in_use,
+    file_result,
+    get_torch,
+    output_path,
+    quiet_native_stderr,
+)
+
+
+def handle_profile(ctx: Context) -> dict[str, Any]:
+    torch = get_torch()
+    duration = ctx.arg("duration")
+    spec = ctx.arg("target")
+    if (duration is None) == (spec is None):
+        raise CommandError("torch profile needs either `module [class] method` or --duration",
+                           "e.g. `torch profile __main__ train_step -n 3` or `torch profile --duration 5`",
+                           ERR_USAGE)
+    path = _path(ctx)
+    check_writable(path)
+    use_cuda = cuda_in_use(torch)
+    sort_by = str(ctx.arg("sort_by") or ("self_cuda" if use_cuda else "self_cpu"))
+    if sort_by not in trace_tools.SORT_KEYS:
+        raise CommandError(f"unknown sort key {sort_by!r}", "one of " + ", ".join(trace_tools.SORT_KEYS), ERR_USAGE)
+    options = {
+        "record_shapes": bool(ctx.arg("record_shapes")),
+        "profile_memory": bool(ctx.arg("profile_memory")),
+        "with_stack": bool(ctx.arg("with_stack")),
+    }
+    if duration is not None:
+        prof, info = _window(ctx, torch, float(duration), use_cuda, options)
+    else:
+        prof, info = _method(ctx, torch, spec, use_cuda, options)
+    name = ctx.arg("label") or f"flight_profiler pid {os.getpid()} {info.get('target', 'window')}"
+    try:
+        size, trace = trace_tools.export(prof, path, str(name))
+    finally:
+        del prof
+    table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
+    del trace
+    return {**file_result(path, size), "mode": "window" if duration is not None else "method",
+            "cuda": use_cuda, **info, "top_ops": table}
+
+
+def _path(ctx: Context) -> str:
+    tb = ctx.arg("tensorboard")
+    if not tb:
+        return output_path(ctx.args, "profile", "pt.trace.json.gz")
+    # The layout TensorBoard's profiler plugin reads: DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz
+    run = str(ctx.arg("label") or time.strftime("%Y%m%d-%H%M%S"))
+    directory = os.path.join(str(tb), "plugins", "profile", run.replace("/", "_"))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise CommandError(f"cannot create {directory}: {exc.strerror}", "pass another --tensorboard", ERR_USAGE) from None
+    name = f"{socket.gethostname()}_{os.getpid()}.{int(time.time() * 1000)}.pt.trace.json.gz"
+    return os.path.join(directory, name)
+
+
+def _activities(torch: Any, use_cuda: bool) -> list[Any]:
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if use_cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return acts
+
+
+def _schedule(ctx: Context, torch: Any) -> tuple[Any, int] | None:
+    raw = ctx.arg("schedule")
+    if not raw:
+        return None
+    try:
+        parts = [int(x) for x in raw]
+        wait, warmup, active = parts[:3]
+        repeat = parts[3] if len(parts) > 3 else 1
+    except (TypeError, ValueError):
+        raise CommandError(f"bad --schedule {raw!r}", "use wait,warmup,active[,repeat], e.g. 1,1,3", ERR_USAGE) from None
+    if min(wait, warmup, repeat) < 0 or active < 1 or repeat < 1:
+        raise CommandError(f"bad --schedule {raw!r}", "active >= 1, repeat >= 1, others >= 0", ERR_USAGE)
+    sched = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
+    return sched, (wait + warmup + active) * repeat
+
+
+def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
+    if not isinstance(spec, dict):
+        raise CommandError("torch profile needs `module [class] method`", "", ERR_USAGE)
+    calls = int(ctx.arg("calls", 1) or 1)
+    timeout = float(ctx.arg("timeout", 60.0) or 60.0)
+    scheduled = _schedule(ctx, torch)
+    holder: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"activities": _activities(torch, use_cuda), **options}
+    if scheduled is not None:
+        sched, calls = scheduled
+        kwargs["schedule"] = sched
+        # The trace of the active steps is only available inside on_trace_ready: keep it there.
+        kwargs["on_trace_ready"] = lambda p: holder.__setitem__("ready", True)
+
+    def start() -> None:
+        if options["profile_memory"]:  # see torch_memory._record_cpu: c10 logs a line then
+            holder["quiet"] = QuietStderr(python_warnings=False)
+        prof = torch.profiler.profile(**kwargs)
+        with quiet_native_stderr():
+            prof.start()
+        holder["prof"] = prof
+
+    def step() -> None:
+        if scheduled is not None:
+            with quiet_native_stderr():  # a schedule starts/stops kineto inside step()
+                holder["prof"].step()
+
+    def stop() -> None:
+        try:
+            if use_cuda:
+                torch.cuda.synchronize()
+            with quiet_native_stderr():
+                holder["prof"].stop()
+        finally:
+            if "quiet" in holder:
+                holder["quiet"].close()
+
+    try:
+        info = call_window.record_calls(ctx, spec, calls, timeout, start, stop,
+                                        step if scheduled is not None else None, what="profile")
+    finally:
+        if "quiet" in holder:
+            holder["quiet"].close()
+    if scheduled is not None:
+        info["schedule"] = list(ctx.arg("schedule"))
+    return holder.pop("prof"), info
+
+
+def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
+    if not 0 < duration <= 3600:
+        raise CommandError(f"--duration {duration:g} is out of range", "0 < seconds <= 3600", ERR_USAGE)
+    kwargs: dict[str, Any] = {"activities": _activities(torch, use_cuda), **options}
+    all_threads = False
+    try:
+        kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        all_threads = True
+    except Exception:  # older torch: only the agent's thread would be seen
+        pass
+    prof = torch.profiler.profile(**kwargs)
+    with quiet_native_stderr():
+        prof.start()
+    started = time.monotonic()
+    cancelled = False
+    try:
+        while True:
+            left = duration - (time.monotonic() - started)
+            if left <= 0:
+                break
+            ctx.emit({"event": "progress", "what": "profile", "message": f"profiling all threads: {left:.0f} s left"})
+            if ctx.wait(min(1.0, left)):
+                cancelled = True
+                break
+    finally:
+        if use_cuda:
+            torch.cuda.synchronize()
+        with quiet_native_stderr():
+            prof.stop()
+    info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3), "all_threads": all_threads,
+                            "cancelled": cancelled}
+    if not all_threads:
+        info["note"] = "this torch cannot profile other threads (no profile_all_threads): the trace is mostly empty"
+    return prof, info

@@ -1,0 +1,54 @@
+"""``torch tensors``: census of live tensors and who holds them; ``--diff`` shows growth.
+
+args: top (int), by ("holder"|"shape"|"site"), label, path / default_dir, previous (a census
+document the CLI read from --diff, plain JSON), seconds / max_objects (budgets).
+The full census goes to a JSON file (flight_profiler.census v1); the result carries the file's
+path and size, the totals, the top rows and, with ``previous``, the diff.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import census_diff, tensor_census
+from ..protocol import ERR_USAGE
+from ..registry import CommandError, Context
+from ..torch_support import check_writable, file_result, get_torch, output_path, write_json
+
+_BY = ("holder", "shape", "site")
+
+
+def handle_tensors(ctx: Context) -> dict[str, Any]:
+    torch = get_torch()
+    top = int(ctx.arg("top", 10) or 10)
+    by = str(ctx.arg("by", "holder") or "holder")
+    if by not in _BY or top < 1:
+        raise CommandError(f"bad arguments: by={by!r}, top={top}", "by is one of holder, shape, site; top >= 1", ERR_USAGE)
+    path = output_path(ctx.args, "census", "json")
+    check_writable(path)
+    census = tensor_census.take(
+        torch,
+        label=str(ctx.arg("label", "") or ""),
+        seconds=float(ctx.arg("seconds", 5.0) or 5.0),
+        max_objects=int(ctx.arg("max_objects", 20_000_000) or 20_000_000),
+        walk_objects=int(ctx.arg("walk_objects", 2_000_000) or 2_000_000),
+    )
+    size = write_json(path, census)
+    result: dict[str, Any] = {
+        **file_result(path, size),
+        "pid": census["pid"],
+        "by": by,
+        "totals": census["totals"],
+        "groups": census["groups"][:top],
+        "holders": census["holders"][:top],
+        "sites": census["sites"][:top],
+        "skipped": census["skipped"],
+        "elapsed_s": census["elapsed_s"],
+    }
+    previous = ctx.arg("previous")
+    if isinstance(previous, dict):
+        result["diff"] = census_diff.diff(previous, census, top)
+    if by == "site":
+        result["note"] = ("allocation sites are not recorded for tensors that already exist; "
+                          "`torch memory -r module [class] method` records them for new allocations")
+    return result

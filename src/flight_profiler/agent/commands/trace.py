@@ -1,0 +1,297 @@
+"""``trace``: the call tree below each matching call of one function, with inclusive times.
+
+Args (built by cli/agent_commands/trace.py)::
+
+    target      {"module", "class", "method", "nested"}
+    min_ms      hide subtrees faster than this (default 0.1), summarised with a count
+    depth       show this many levels below the traced call (default 0: all)
+    count       stop after this many matching calls
+    filter      expression over params/kwargs/target/return_obj/throw_exp/cost (as watch)
+    timeout     stop after this many seconds
+    c_calls     include C functions (builtins, torch ops such as torch._C._nn.linear)
+
+Only the traced thread, for the duration of the traced call, pays: the hook's on_enter sets a
+profile function with ``sys.setprofile`` (which affects the calling thread only) and on_exit
+removes it. Other threads and other times run untouched. If the filter does not look at
+``cost``, ``return_obj`` or ``throw_exp`` it is evaluated on entry, so calls that do not match
+are not even profiled.
+
+The tree aggregates by call path: the 50 calls a loop makes to ``f`` are one node ``f ×50`` with
+their summed time, in first-call order. Its size is bounded (``MAX_NODES`` distinct paths) so a
+long traced call cannot exhaust memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import os
+import sys
+import threading
+import time
+import types
+from typing import Any, Callable
+
+from .. import hooks, values
+from ..protocol import ERR_USAGE
+from ..registry import CommandError, Context
+from .watch import QUEUE_MAX, Pump, check_syntax, compile_call_function
+
+MAX_NODES = 20000
+_HOOK_FILE = "<flight_profiler hook"
+# The agent's own callbacks (another hook's on_enter/on_exit met inside the traced call).
+_AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_AGENT_FILES = ("<-f>", "<--expr>")
+_ModuleType = types.ModuleType
+_CAPSULE = type(datetime.datetime_CAPI)  # what pybind11 functions are bound to
+_GEN_FLAGS = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable coroutine, async gen
+
+
+def make_recorder(
+    code: types.CodeType, c_calls: bool
+) -> tuple[Callable[..., None], dict[Any, list[Any]], list[int]]:
+    """A ``sys.setprofile`` function recording the call-path tree below ``code``.
+
+    Returns (profile function, root children, [node count, done flag]). A node is a list
+    ``[count, total_ns, children]``; children are keyed by code object (Python) or callable
+    (C). This runs on every call and return inside the traced call, hence the closures over
+    locals and the trick for inclusive time: a node subtracts the clock when entered and adds it
+    when left (a call path is on the stack at most once, so no start time needs storing).
+    """
+    clock = time.perf_counter_ns
+    root: dict[Any, list[Any]] = {}
+    stack: list[list[Any]] = []
+    push, pop = stack.append, stack.pop
+    info = [0, 0]  # nodes, done
+    overflow_key = "<more call paths than the trace keeps>"
+
+    def new_node(children: dict[Any, list[Any]], key: Any) -> list[Any]:
+        if info[0] >= MAX_NODES:
+            key = overflow_key
+            node = children.get(key)
+            if node is not None:
+                return node
+        node = children[key] = [0, 0, {}]
+        info[0] += 1
+        return node
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            if stack:
+                children = stack[-1][2]
+            elif frame.f_code is code and not info[1]:
+                children = root
+            else:
+                return
+            key: Any = frame.f_code
+        elif event == "return":
+            if stack:
+                node = pop()
+                node[1] += clock()
+                if not stack:
+                    info[1] = 1
+            return
+        elif not c_calls or not stack:
+            return
+        elif event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            # A method bound per call (list.append, Tensor.sum) is keyed by (type, name) so its
+            # calls aggregate (and an unhashable instance is never hashed); module functions
+            # and pybind11 functions (bound to a capsule) are stable objects.
+            if owner is None or type(owner) is _ModuleType or type(owner) is _CAPSULE:
+                key = arg
+            else:
+                key = (type(owner), arg.__name__)
+            children = stack[-1][2]
+        else:  # c_return, c_exception
+            node = pop()
+            node[1] += clock()
+            return
+        node = children.get(key)
+        if node is None:
+            node = new_node(children, key)
+        node[0] += 1
+        node[1] -= clock()
+        push(node)
+
+    return profile, root, info
+
+
+def _describe(key: Any) -> tuple[str, str, int]:
+    """(label, file, line) of a node key."""
+    if isinstance(key, types.CodeType):
+        name = getattr(key, "co_qualname", key.co_name)
+        return name, key.co_filename, key.co_firstlineno
+    if isinstance(key, tuple):  # (type of the bound instance, method name)
+        owner, name = key
+        return f"builtin {owner.__module__}.{owner.__qualname__}.{name}", "", 0
+    if isinstance(key, str):
+        return key, "", 0
+    try:
+        module = getattr(key, "__module__", None)
+        owner = getattr(key, "__self__", None)
+        if not module and isinstance(owner, _ModuleType):
+            module = owner.__name__
+        name = getattr(key, "__qualname__", None) or getattr(key, "__name__", None) or repr(key)
+        return f"builtin {module + '.' if module else ''}{name}", "", 0
+    except Exception:
+        return "builtin <unknown>", "", 0
+
+
+def build_tree(
+    children: dict[Any, list[Any]], min_ns: int, max_depth: int, depth: int = 1
+) -> tuple[list[dict[str, Any]], int, int]:
+    """Render children to plain data: (shown nodes, hidden call count, hidden ns)."""
+    shown: list[dict[str, Any]] = []
+    hidden_calls = hidden_ns = 0
+    for key, (count, total, sub) in children.items():
+        if isinstance(key, types.CodeType):
+            if key.co_filename.startswith(_HOOK_FILE):
+                # a hook's wrapper (a watch elsewhere, a recursive call of the traced function):
+                # show what it wraps, not the wrapper
+                inner, hc, hn = build_tree(sub, min_ns, max_depth, depth)
+                shown += inner
+                hidden_calls += hc
+                hidden_ns += hn
+                continue
+            if key.co_filename.startswith(_AGENT_DIR) or key.co_filename in _AGENT_FILES:
+                continue  # the agent's own callbacks: overhead, not the user's code
+        if total < min_ns or (max_depth and depth > max_depth):
+            hidden_calls += count
+            hidden_ns += total
+            continue
+        label, filename, line = _describe(key)
+        node: dict[str, Any] = {"name": label, "file": filename, "line": line, "count": count, "ms": total / 1e6}
+        kids, hc, hn = build_tree(sub, min_ns, max_depth, depth + 1)
+        if kids:
+            node["children"] = kids
+        if hc:
+            node["hidden"] = {"count": hc, "ms": hn / 1e6}
+        shown.append(node)
+    return shown, hidden_calls, hidden_ns
+
+
+class _State:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.matched = 0
+        self.stopped = False
+        self.skipped_profiled = 0  # the thread already had a profiler (e.g. the user's cProfile)
+        self.dropped = 0
+        self.filter_errors = 0
+        self.first_filter_error = ""
+        self.lock = threading.Lock()
+        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+
+
+def handle_trace(ctx: Context) -> dict[str, Any]:
+    from ..targets import resolve
+
+    target = resolve(ctx.arg("target") or {})
+    if target.code.co_flags & _GEN_FLAGS:
+        raise CommandError(
+            f"{target.description} is a generator or coroutine: trace follows plain calls only",
+            "use `watch` on it (one event per generator/coroutine life), or trace the function "
+            "that consumes it",
+            ERR_USAGE,
+        )
+    min_ms = float(ctx.arg("min_ms", 0.1) if ctx.arg("min_ms") is not None else 0.1)
+    max_depth = max(0, int(ctx.arg("depth") or 0))
+    limit = max(0, int(ctx.arg("count") or 0))
+    timeout = float(ctx.arg("timeout") or 0)
+    c_calls = bool(ctx.arg("c_calls"))
+    condition = ctx.arg("filter") or ""
+    check = compile_call_function([condition], target, "-f", as_filter=True) if condition else None
+    at_entry = bool(check) and not ({"cost", "return_obj", "throw_exp"} & set(check_syntax(condition, "-f").co_names))
+    state = _State()
+    min_ns = int(min_ms * 1e6)
+
+    def passes(args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> bool:
+        try:
+            return bool(check(args, kwargs, value, exc, elapsed))  # type: ignore[misc]
+        except Exception as err:
+            state.filter_errors += 1
+            if not state.first_filter_error:
+                state.first_filter_error = values.render_exception(err)
+            return False
+
+    def on_enter(args: tuple[Any, ...], kwargs: Any) -> Any:
+        state.calls += 1
+        if state.stopped:
+            return None
+        if at_entry and not passes(args, kwargs, None, None, 0):
+            return None
+        if sys.getprofile() is not None:  # never replace a profiler (ours, nested, or the user's)
+            state.skipped_profiled += 1
+            return None
+        if len(state.queue) >= QUEUE_MAX:  # the stream cannot keep up: do not even record
+            state.dropped += 1
+            return None
+        profile, root, info = make_recorder(target.code, c_calls)
+        sys.setprofile(profile)
+        return (args, kwargs, root, info)
+
+    def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed: int) -> None:
+        if token is None:
+            return
+        sys.setprofile(None)
+        args, kwargs, root, info = token
+        if state.stopped or (check is not None and not at_entry and not passes(args, kwargs, value, exc, elapsed)):
+            return
+        with state.lock:
+            if state.stopped:
+                return
+            state.matched += 1
+            n = state.matched
+            if limit and n >= limit:
+                state.stopped = True
+            if len(state.queue) >= QUEUE_MAX:
+                state.dropped += 1
+                return
+        # the target call itself is the single root; its children are what it called
+        nodes = list(root.values())
+        body: dict[Any, list[Any]] = nodes[0][2] if nodes else {}
+        kids, hc, hn = build_tree(body, min_ns, max_depth)
+        tree: dict[str, Any] = {
+            "name": target.description, "file": target.code.co_filename,
+            "line": target.code.co_firstlineno, "count": 1, "ms": elapsed / 1e6,
+        }
+        if kids:
+            tree["children"] = kids
+        if hc:
+            tree["hidden"] = {"count": hc, "ms": hn / 1e6}
+        event = {
+            "type": "trace", "n": n, "ts": time.time(), "thread": threading.current_thread().name,
+            "cost_ms": elapsed / 1e6,
+            "params": values.render(args[1:] if target.bound_first else args, 1),
+            "exception": values.render_exception(exc) if exc is not None else None,
+            "nodes": info[0], "tree": tree,
+        }
+        state.queue.append(event)
+
+    remove = hooks.install(target, on_enter, on_exit)
+    ctx.add_hook(f"trace {target.description}", remove)
+    started = time.monotonic()
+    ctx.emit({
+        "type": "tracing", "target": target.description, "min_ms": min_ms, "depth": max_depth,
+        "count": limit, "filter": condition, "c_calls": c_calls,
+    })
+    pump = Pump(ctx, state, started, timeout)
+    reason = pump.run()
+    remove()
+    with state.lock:
+        state.stopped = True
+    pump.finish()
+    return {
+        "target": target.description,
+        "reason": reason,
+        "calls": state.calls,
+        "matched": min(state.matched, limit) if limit else state.matched,
+        "events": pump.sent,
+        "dropped": state.dropped,
+        "skipped_already_profiled": state.skipped_profiled,
+        "filter_errors": state.filter_errors,
+        "first_filter_error": state.first_filter_error,
+        "callback_errors": getattr(getattr(remove, "hook", None), "errors", 0),
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }

@@ -1,0 +1,323 @@
+"""``watch``: arguments, return value, exception and cost of each call of one function.
+
+Args (built by cli/agent_commands/watch.py)::
+
+    target      {"module", "class", "method", "nested"}
+    expr        comma list of expressions (default: params, return_obj, cost; throw_exp when raised)
+    filter      expression deciding which calls to report (sees cost too)
+    exceptions  only calls that raised
+    expand      depth to which containers/objects are expanded (default 1)
+    count       stop after this many MATCHING calls
+    timeout     stop after this many seconds
+
+Names an expression sees: ``params`` (alias ``args``: positional arguments without
+``self``/``cls``), ``kwargs``, ``return_obj``, ``throw_exp``, ``target`` (``self``/``cls``, or
+None for plain functions), ``cost`` (ms), plus the globals of the function's module.
+
+How it stays cheap: the filter and expressions are compiled once into one small function each;
+a call that does not match costs the hook plus that function. Values are rendered to text in the
+calling thread right away (values.py) and only the text is queued: no reference to a target
+object outlives the call. The queue between the target's threads and this handler is bounded:
+when it is full (a flood) further calls are counted as dropped, not rendered, and the count is
+reported in the stream and the result.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+import types
+from typing import Any, Callable
+
+from .. import hooks, values
+from ..protocol import ERR_USAGE
+from ..registry import CommandError, Context
+from ..targets import Target, resolve
+
+NAMES = ("params", "args", "kwargs", "return_obj", "throw_exp", "target", "cost")
+DEFAULT_EXPRS = ("params", "return_obj", "cost")
+QUEUE_MAX = 256  # events waiting to be sent; beyond it calls are counted as dropped
+POLL_S = 0.05
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets and string literals: ``"a[0, 1], f(x, y)"`` -> 2 parts."""
+    parts, depth, quote, start, i = [], 0, "", 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif text.startswith(quote, i):
+                i += len(quote) - 1
+                quote = ""
+        elif ch in "'\"":
+            quote = ch * 3 if text.startswith(ch * 3, i) else ch
+            i += len(quote) - 1
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+class ExprError:
+    """Stands for the value of an expression that raised (shown, never fatal)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.text = f"<error: {values.render_exception(exc)}>"
+
+
+def check_syntax(text: str, what: str) -> types.CodeType:
+    try:
+        return compile(text, f"<{what}>", "eval")
+    except SyntaxError as exc:
+        raise CommandError(
+            f"invalid {what} {text!r}: {exc.msg}",
+            f"{what} takes Python expressions over {', '.join(NAMES)}",
+            ERR_USAGE,
+        ) from None
+
+
+def _prelude(used: set[str], target: Target) -> list[str]:
+    """Lines binding the expression names an expression uses (and only those)."""
+    lines = []
+    if "target" in used:
+        lines.append("    target = __fp_a__[0] if __fp_a__ else None" if target.bound_first else "    target = None")
+    if used & {"params", "args"}:
+        lines.append("    params = args = __fp_a__[1:]" if target.bound_first else "    params = args = __fp_a__")
+    if "cost" in used:
+        lines.append("    cost = __fp_ns__ / 1e6")
+    return lines
+
+
+def _build(source: list[str], target: Target, what: str, defaults: tuple[Any, ...]) -> Callable[..., Any]:
+    module = compile("\n".join(source) + "\n", f"<{what}>", "exec")
+    code = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    # Built by hand so nothing is added to the user's module namespace; expressions see its
+    # globals (e.g. `torch`, the user's helpers).
+    return types.FunctionType(code, target.function.__globals__, code.co_name, defaults)
+
+
+def compile_call_function(
+    exprs: list[str], target: Target, what: str, as_filter: bool = False
+) -> Callable[..., Any]:
+    """One function ``(args, kwargs, return_obj, throw_exp, elapsed_ns) -> values``.
+
+    For a filter it returns the expression's value (exceptions propagate to the caller, which
+    counts them); otherwise a tuple with one entry per expression, an :class:`ExprError` for
+    each that raised. Compiled once.
+    """
+    used: set[str] = set()
+    for text in exprs:
+        used.update(check_syntax(text, what).co_names)
+    lines = ["def __fp_eval__(__fp_a__, kwargs, return_obj, throw_exp, __fp_ns__, __fp_err__=None):"]
+    lines += _prelude(used, target)
+    if as_filter:
+        lines.append(f"    return ({exprs[0]}\n)")
+    else:
+        for i, text in enumerate(exprs):
+            lines += [
+                "    try:",
+                f"        __fp_v{i}__ = ({text}\n)",
+                "    except Exception as __fp_e__:",
+                f"        __fp_v{i}__ = __fp_err__(__fp_e__)",
+            ]
+        lines.append("    return (" + "".join(f"__fp_v{i}__, " for i in range(len(exprs))) + ")")
+    return _build(lines, target, what, (ExprError,))
+
+
+def compile_gate(condition: str, only_exceptions: bool, target: Target, state: Any) -> Callable[..., None]:
+    """The hook's on_exit: count, filter (inlined: no extra call), hand matches to ``state``.
+
+    A call the filter rejects costs exactly this function; nothing else runs.
+    """
+    used = check_syntax(condition, "-f").co_names if condition else ()
+    lines = [
+        "def __fp_gate__(__fp_t__, return_obj, throw_exp, __fp_ns__, __fp_s__=None):",
+        "    __fp_s__.calls += 1",
+        "    if __fp_s__.stopped" + (" or throw_exp is None" if only_exceptions else "") + ":",
+        "        return",
+        "    __fp_a__, kwargs = __fp_t__",
+    ]
+    if condition:
+        lines += _prelude(set(used), target)
+        lines += [
+            "    try:",
+            f"        if not ({condition}\n):",
+            "            return",
+            "    except Exception as __fp_e__:",
+            "        __fp_s__.filter_failed(__fp_e__)",
+            "        return",
+        ]
+    lines.append("    __fp_s__.matched(__fp_a__, kwargs, return_obj, throw_exp, __fp_ns__)")
+    return _build(lines, target, "-f", (state,))
+
+
+class _State:
+    """Shared between the target's threads (producers) and the handler (consumer)."""
+
+    def __init__(self, limit: int, render: Callable[..., dict[str, Any]]) -> None:
+        self.limit = limit
+        self.render = render
+        self.calls = 0  # every call seen (approximate under thread races: informational)
+        self.counter = itertools.count(1)  # next() is atomic under the GIL
+        self.last_matched = 0
+        self.dropped = 0
+        self.filter_errors = 0
+        self.first_filter_error = ""
+        self.stopped = False
+        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+        self.busy = threading.local()  # set while rendering: ignore re-entrant calls
+
+    def filter_failed(self, err: BaseException) -> None:
+        self.filter_errors += 1
+        if not self.first_filter_error:
+            self.first_filter_error = values.render_exception(err)
+
+    def matched(self, args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> None:
+        n = next(self.counter)
+        limit = self.limit
+        if limit and n > limit:
+            return
+        self.last_matched = n
+        busy = self.busy
+        if len(self.queue) >= QUEUE_MAX:
+            self.dropped += 1
+        elif not getattr(busy, "on", False):  # a repr that calls the watched function
+            busy.on = True
+            try:
+                self.queue.append(self.render(n, args, kwargs, value, exc, elapsed))
+            finally:
+                busy.on = False
+        if n == limit:  # after the append, so the handler's last flush sends it
+            self.stopped = True
+
+
+class Pump:
+    """Moves rendered events from the bounded queue to the client until the command ends.
+
+    ``state`` needs ``queue`` (a deque), ``dropped``, ``stopped`` and ``first_filter_error``.
+    Sending never outlives the command's deadline: a client that reads slowly gets fewer events
+    (counted as dropped), never a watch that overstays its --timeout.
+    """
+
+    FINAL_S = 1.0  # after the hook is gone, at most this long to send what was queued
+
+    def __init__(self, ctx: Context, state: Any, started: float, timeout: float) -> None:
+        self.ctx = ctx
+        self.state = state
+        self.deadline = started + timeout if timeout else None
+        self.sent = 0
+        self.reported_drops = 0
+        self.reported_error = False
+
+    def flush(self, until: float | None) -> None:
+        state, ctx = self.state, self.ctx
+        while state.queue and not ctx.cancelled:
+            if until is not None and time.monotonic() >= until:
+                break
+            if not ctx.emit(state.queue.popleft()):
+                return
+            self.sent += 1
+        if state.dropped > self.reported_drops:
+            ctx.emit({"type": "dropped", "count": state.dropped - self.reported_drops, "total": state.dropped})
+            self.reported_drops = state.dropped
+        if state.first_filter_error and not self.reported_error:
+            self.reported_error = True
+            ctx.emit({"type": "filter_error", "message": state.first_filter_error})
+
+    def run(self) -> str:
+        """Until cancel, -n or --timeout; returns which."""
+        while True:
+            if self.ctx.wait(POLL_S):
+                return "cancelled"
+            self.flush(self.deadline)
+            if self.state.stopped:
+                return "count"
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                return "timeout"
+
+    def finish(self) -> None:
+        """After the hook is removed: send the rest briefly, count what is left as dropped."""
+        if not self.ctx.cancelled:
+            self.flush(time.monotonic() + self.FINAL_S)
+        self.state.dropped += len(self.state.queue)
+        self.state.queue.clear()
+
+
+def handle_watch(ctx: Context) -> dict[str, Any]:
+    target = resolve(ctx.arg("target") or {})
+    expr_text = ctx.arg("expr") or ""
+    exprs = split_top_level(expr_text) if expr_text else list(DEFAULT_EXPRS)
+    condition = ctx.arg("filter") or ""
+    only_exceptions = bool(ctx.arg("exceptions"))
+    expand = max(0, int(ctx.arg("expand", 1) or 0))
+    limit = max(0, int(ctx.arg("count") or 0))
+    timeout = float(ctx.arg("timeout") or 0)
+
+    evaluate = compile_call_function(exprs, target, "--expr")
+    depths = [expand + 1 if e in ("params", "args", "kwargs") else expand for e in exprs]
+    default_view = not expr_text
+    clock = time.time
+
+    def render(n: int, args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> dict[str, Any]:
+        results = evaluate(args, kwargs, value, exc, elapsed)
+        shown = []
+        for label, result, depth in zip(exprs, results, depths):
+            if default_view and label == "return_obj" and exc is not None:
+                continue  # a call that raised has no return value to show
+            if label == "cost":
+                text = values.fmt_ms(result) if isinstance(result, float) else values.render(result, depth)
+            elif isinstance(result, ExprError):
+                text = result.text
+            elif label in ("params", "args") and isinstance(result, tuple):
+                text = "(" + ", ".join(values.render(v, depth - 1) for v in result) + ("," if len(result) == 1 else "") + ")"
+            else:
+                text = values.render(result, depth)
+            shown.append([label, text])
+        return {
+            "type": "call",
+            "n": n,
+            "ts": clock(),
+            "thread": threading.current_thread().name,
+            "cost_ms": elapsed / 1e6,
+            "values": shown,
+            "exception": values.render_exception(exc) if exc is not None else None,
+        }
+
+    state = _State(limit, render)
+    on_exit = compile_gate(condition, only_exceptions, target, state)
+    remove = hooks.install(target, None, on_exit)
+    ctx.add_hook(f"watch {target.description}", remove)
+    started = time.monotonic()
+    ctx.emit({
+        "type": "watching", "target": target.description, "kind": target.kind, "note": target.note,
+        "exprs": exprs, "filter": condition, "count": limit, "timeout": timeout,
+    })
+    pump = Pump(ctx, state, started, timeout)
+    reason = pump.run()
+    remove()  # stop paying at once; registry.run would also do it at the end
+    state.stopped = True
+    pump.finish()
+    return {
+        "target": target.description,
+        "reason": reason,
+        "calls": state.calls,
+        "matched": state.last_matched if not limit else min(state.last_matched, limit),
+        "events": pump.sent,
+        "dropped": state.dropped,
+        "filter_errors": state.filter_errors,
+        "first_filter_error": state.first_filter_error,
+        "callback_errors": getattr(getattr(remove, "hook", None), "errors", 0),
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }

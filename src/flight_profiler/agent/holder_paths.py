@@ -1,0 +1,297 @@
+"""Who holds each live tensor: the first path from a module global or a running function's local
+to it, e.g. ``__main__.trainer.history['loss'][412]``.
+
+One breadth-first walk builds a reverse map for all tensors at once (``gc.get_referrers`` per
+tensor would be quadratic). Roots: the globals of every imported module (``__main__`` first,
+then the program's own modules, then libraries), then the locals of every thread's running
+functions. Walked: dict, list, tuple, set, deque, instance ``__dict__``, class ``__dict__``,
+nn.Module parameters/buffers/submodules, and a tensor's ``.grad``. Not walked: closures,
+C++-held references (autograd graphs, C extensions), objects with ``__slots__`` only.
+
+Each path also has a canonical form where list/tuple indices and id-like dict keys become
+``[*]``, so that ``losses[411]`` and ``losses[412]`` (and the same holder in a later census)
+group together. The walk has an object budget, a depth bound and a deadline; the map keeps
+only ids and edge labels, and everything is released when the census returns.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import re
+import sys
+import time
+import types
+from collections.abc import Iterable
+from typing import Any
+
+_ATOMIC = frozenset({int, float, str, bytes, bool, type(None), complex, range, slice})
+_SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+               types.CodeType, types.FrameType, types.TracebackType, types.GeneratorType)
+_HEAPTYPE = 1 << 9
+_CO_OPTIMIZED = 0x0001
+_IDLIKE = re.compile(r"^(?:\d+|[0-9a-fA-F]{8,}|[0-9a-fA-F-]{32,36}|0x[0-9a-fA-F]+)$")
+
+# Edge kinds: root, attribute, key, index, set member, module parameter/buffer/submodule, grad.
+ROOT, ATTR, KEY, INDEX, MEMBER, PARAM, BUFFER, SUBMOD, GRAD = range(9)
+_MODULE_DICTS = frozenset({"_parameters", "_buffers", "_modules"})
+_KIND_NAMES = {ATTR: "attribute", PARAM: "parameter", BUFFER: "buffer", SUBMOD: "attribute",
+               GRAD: "grad"}
+
+
+class Walk:
+    """The reverse map: for each tensor id, the edge chain back to a root."""
+
+    def __init__(self) -> None:
+        # container id -> (parent container id or -1, edge kind, edge label)
+        self.parent: dict[int, tuple[int, int, Any]] = {}
+        # tensor id -> (parent container id or -1, edge kind, edge label, holder kind)
+        self.found: dict[int, tuple[int, int, Any, str]] = {}
+        self.visited = 0
+        self.truncated = ""
+
+    def path(self, tensor_id: int) -> tuple[str, str, str] | None:
+        """(example path, canonical path, holder kind) of a tensor, or None if unreached."""
+        hit = self.found.get(tensor_id)
+        if hit is None:
+            return None
+        pid, kind, label, holder_kind = hit
+        edges = [(kind, label)]
+        guard = 0
+        while pid != -1 and guard < 256:
+            entry = self.parent.get(pid)
+            if entry is None:
+                break
+            pid, kind, label = entry
+            edges.append((kind, label))
+            guard += 1
+        edges.reverse()
+        example = "".join(_render(k, lab, False) for k, lab in edges)
+        canonical = "".join(_render(k, lab, True) for k, lab in edges)
+        return example, canonical, holder_kind
+
+
+def _render(kind: int, label: Any, canonical: bool) -> str:
+    if kind == ROOT:
+        return str(label)
+    if kind in (ATTR, PARAM, BUFFER, SUBMOD, GRAD):
+        return f".{label}"
+    if kind == INDEX:
+        return "[*]" if canonical else f"[{label}]"
+    if kind == MEMBER:
+        return "{*}"
+    # dict key
+    if isinstance(label, str):
+        if canonical and _IDLIKE.match(label):
+            return "[*]"
+        return f"[{label[:40]!r}]"
+    if isinstance(label, (int, float)) and not isinstance(label, bool):
+        return "[*]" if canonical else f"[{label!r}]"
+    if label is None or isinstance(label, bool):
+        return f"[{label!r}]"
+    return "[*]" if canonical else f"[<{type(label).__name__}>]"
+
+
+def _module_order(modules: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``__main__`` first, then the program's own modules, then everything installed."""
+    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    main: list[tuple[str, Any]] = []
+    own: list[tuple[str, Any]] = []
+    libs: list[tuple[str, Any]] = []
+    for name, module in modules:
+        if name.startswith(("_flight_profiler_agent", "flight_profiler")):
+            continue  # ourselves
+        if name == "__main__":
+            main.append((name, module))
+            continue
+        path = getattr(module, "__file__", None) or ""
+        (libs if not path or path.startswith(prefixes) or "site-packages" in path else own).append(
+            (name, module)
+        )
+    return main + own + libs
+
+
+def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
+    """(prefix, locals) of every running function in other threads.
+
+    On CPython < 3.13 ``frame.f_locals`` is a snapshot dict cached on the frame; left there it
+    would keep the locals of this moment alive after they are rebound. It is emptied after
+    reading (safe: nothing writes it back unless a tracer is active on that frame, checked via
+    f_trace, or the function itself calls locals()/vars(), checked via co_names).
+    """
+    roots: list[tuple[str, dict[str, Any]]] = []
+    snapshot_semantics = sys.version_info < (3, 13)
+    for ident, frame in sys._current_frames().items():
+        if ident == skip_thread:
+            continue
+        f: Any = frame
+        while f is not None:
+            code = f.f_code
+            if code.co_flags & _CO_OPTIMIZED and not code.co_filename.startswith("<flight_profiler"):
+                module = f.f_globals.get("__name__", "?")
+                prefix = f"{module}.{code.co_name}()"
+                if not snapshot_semantics:
+                    roots.append((prefix, dict(f.f_locals)))
+                elif f.f_trace is None and "locals" not in code.co_names and "vars" not in code.co_names:
+                    snap = f.f_locals
+                    roots.append((prefix, dict(snap)))
+                    snap.clear()
+            f = f.f_back
+        del f, frame
+    return roots
+
+
+def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, deadline: float,
+         skip_thread: int | None = None) -> Walk:
+    """Map each tensor in ``wanted`` (id -> tensor) to the first path that reaches it."""
+    w = Walk()
+    tensor_type = torch.Tensor
+    module_type = getattr(getattr(torch, "nn", None), "Module", None)
+    parent = w.parent
+    found = w.found
+    frontier: list[Any] = []  # containers to expand at the next depth
+    skip_types_tuple = (*_SKIP_TYPES, tensor_type)
+    skip_memo: dict[type, bool] = {}
+
+    def visit(pid: int, kind: int, label: Any, child: Any, holder_kind: str) -> None:
+        cid = id(child)
+        if cid in wanted:
+            if cid not in found:
+                found[cid] = (pid, kind, label, holder_kind)
+                parent[cid] = (pid, kind, label)
+                grad = child.grad if child.requires_grad and child.is_leaf else None
+                if grad is not None and id(grad) in wanted and id(grad) not in found:
+                    found[id(grad)] = (cid, GRAD, "grad", "grad")
+            return
+        if cid in parent:
+            return
+        t = type(child)
+        skip = skip_memo.get(t)
+        if skip is None:
+            skip = skip_memo[t] = issubclass(t, skip_types_tuple)
+        if skip or not _may_hold(child, t):
+            return
+        parent[cid] = (pid, kind, label)
+        frontier.append(child)
+
+    def bfs() -> bool:
+        nonlocal frontier
+        depth = 0
+        while frontier and depth < max_depth:
+            current, frontier = frontier, []
+            depth += 1
+            for n, obj in enumerate(current):
+                w.visited += 1
+                if w.visited > max_objects:
+                    w.truncated = f"object budget of {max_objects} containers reached"
+                    return False
+                if n & 1023 == 0 and time.monotonic() > deadline:
+                    w.truncated = "time budget reached while looking for holders"
+                    return False
+                _expand(obj, id(obj), visit, module_type)
+            del current
+        if frontier:
+            w.truncated = f"depth bound of {max_depth} reached"
+            frontier = []
+        return True
+
+    # Module globals first, walked to the end: their paths are stable from one census to the
+    # next. Then running functions' locals, for what no global reaches.
+    for name, module in _module_order(list(sys.modules.items())):
+        try:
+            items = list(vars(module).items())
+        except Exception:
+            continue
+        for key, value in items:
+            if type(value) not in _ATOMIC and not key.startswith("__"):
+                visit(-1, ROOT, f"{name}.{key}", value, "global")
+    if not bfs():
+        return w
+    for prefix, local_vars in _frame_roots(skip_thread):
+        for key, value in local_vars.items():
+            if type(value) not in _ATOMIC:
+                visit(-1, ROOT, f"{prefix}.{key}", value, "local")
+        local_vars.clear()
+    bfs()
+    return w
+
+
+def _may_hold(obj: Any, t: type) -> bool:
+    """Could ``obj`` lead to a tensor? Only containers with a non-atomic member get a place in
+    the reverse map: the walk's memory is then proportional to the inner nodes of the object
+    graph, not to every list of numbers (1 M such objects would cost ~200 MB of map)."""
+    try:
+        if t is dict or t is tuple:
+            if not gc.is_tracked(obj):  # CPython untracks dicts/tuples of atomic values
+                return False
+            values: Iterable[Any] = obj.values() if t is dict else obj
+        elif t is list or t is set or t is frozenset or t is collections.deque:
+            values = obj
+        elif issubclass(t, dict):
+            values = obj.values()
+        elif issubclass(t, (list, tuple)):
+            values = obj
+        elif issubclass(t, type):
+            return bool(obj.__flags__ & _HEAPTYPE)
+        elif t.__flags__ & _HEAPTYPE:
+            d = object.__getattribute__(obj, "__dict__")
+            if not isinstance(d, dict):
+                return False
+            values = d.values()
+        else:
+            return False
+        for v in values:
+            if type(v) not in _ATOMIC:
+                return True
+        return False
+    except Exception:  # no __dict__, or mutated while we looked
+        return False
+
+
+def _expand(obj: Any, cid: int, visit: Any, module_type: Any) -> None:
+    t = type(obj)
+    try:
+        if t is list or t is tuple or t is collections.deque:
+            kind = t.__name__
+            for i, v in enumerate(list(obj)):
+                if type(v) not in _ATOMIC:
+                    visit(cid, INDEX, i, v, kind)
+        elif issubclass(t, dict):
+            for k, v in list(obj.items()):
+                if type(v) not in _ATOMIC:
+                    visit(cid, KEY, k, v, "dict")
+        elif t is set or t is frozenset:
+            for v in list(obj):
+                if type(v) not in _ATOMIC:
+                    visit(cid, MEMBER, None, v, "set")
+        elif issubclass(t, type):
+            if obj.__flags__ & _HEAPTYPE:
+                for k, v in list(obj.__dict__.items()):
+                    if type(v) not in _ATOMIC and not k.startswith("__"):
+                        visit(cid, ATTR, k, v, "class attribute")
+        elif issubclass(t, (list, tuple)):
+            for i, v in enumerate(list(obj)):
+                if type(v) not in _ATOMIC:
+                    visit(cid, INDEX, i, v, type(obj).__name__)
+        elif t.__flags__ & _HEAPTYPE:
+            try:
+                d = object.__getattribute__(obj, "__dict__")
+            except Exception:
+                return
+            if not isinstance(d, dict):
+                return
+            skip: frozenset[str] = frozenset()
+            if module_type is not None and issubclass(t, module_type):
+                skip = _MODULE_DICTS
+                for attr, edge in (("_parameters", PARAM), ("_buffers", BUFFER), ("_modules", SUBMOD)):
+                    sub = d.get(attr)
+                    if isinstance(sub, dict):
+                        for k, v in list(sub.items()):
+                            if v is not None:
+                                visit(cid, edge, k, v, _KIND_NAMES[edge])
+            for k, v in list(d.items()):
+                if type(v) not in _ATOMIC and not (isinstance(k, str) and k.startswith("__")) \
+                        and k not in skip:
+                    visit(cid, ATTR, k, v, "attribute")
+    except RuntimeError:  # mutated by another thread while we copied it: skip this container
+        return

@@ -1,0 +1,366 @@
+"""The agent's door: a daemon thread serving a private Unix socket inside the target.
+
+Security: the socket lives in a directory only the target's user can enter (0700, owned by that
+uid, checked with lstat so a planted symlink is refused), the socket itself is 0600, and every
+connection's peer uid (SO_PEERCRED) must be root or the target's uid. JSON frames only.
+
+Each connection gets a reader thread; each request runs in its own worker thread so that the
+reader can still see ``cancel`` or a disconnect and cancel the request. ``detach`` removes every
+hook, closes the socket and ends the threads: a later attach injects afresh.
+
+Logs go to protocol.log_path only, never to the target's stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from . import protocol, registry
+
+AGENT_VERSION = "0.1.0"
+THREAD_PREFIX = "flight_profiler-"  # the agent's threads; `stack` hides them by default
+_HELLO_TIMEOUT = 10.0
+_UCRED = struct.Struct("3i")
+
+log = logging.getLogger("flight_profiler.agent")
+
+_lock = threading.Lock()
+_server: Server | None = None
+_fork_hook_installed = False
+_atexit_installed = False
+
+
+class Server:
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.pid = os.getpid()
+        self.uid = os.geteuid()
+        self.start_time = protocol.process_start_time(self.pid)
+        self.path = protocol.socket_path(self.pid, self.uid)
+        self.state = registry.AgentState(AGENT_VERSION)
+        self.params = dict(params)
+        self.listener: socket.socket | None = None
+        self.thread: threading.Thread | None = None
+        self._conns: set[socket.socket] = set()
+        self._live: set[Connection] = set()  # connections past the handshake
+        self._conns_lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def open(self) -> None:
+        directory = protocol.socket_dir(self.uid)
+        ensure_private_dir(directory, self.uid)
+        tmp = os.path.join(directory, f".agent-{self.pid}-{threading.get_ident()}.tmp")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            listener.bind(tmp)
+            os.chmod(tmp, 0o600)
+            listener.listen(16)
+            # rename is atomic and replaces a stale socket left by a dead process of this pid
+            os.rename(tmp, self.path)
+        except BaseException:
+            listener.close()
+            raise
+        self.listener = listener
+        self.thread = threading.Thread(
+            target=self._serve, name=THREAD_PREFIX + "server", daemon=True
+        )
+        self.thread.start()
+        log.info("agent %s listening on %s", AGENT_VERSION, self.path)
+
+    def running(self) -> bool:
+        return self.listener is not None and not self._stopping.is_set()
+
+    def stop(self, keep: socket.socket | None = None) -> int:
+        """Remove all hooks, close every connection (but ``keep``, the one asking) and the
+        socket. Returns the number of hooks removed."""
+        if self._stopping.is_set():
+            return 0
+        self._stopping.set()
+        removed = len(self.state.active_hooks())
+        self.state.remove_all()
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            self._unlink_if_ours()
+            _shutdown_quietly(listener)  # wakes the thread blocked in accept()
+            listener.close()
+        with self._conns_lock:
+            conns = list(self._conns)
+            live = list(self._live)
+        # let cancelled requests deliver their final result before hanging up
+        for connection in live:
+            if connection.conn is not keep:
+                connection._cancel_running(wait=True, timeout=1.0)
+        for conn in conns:
+            if conn is not keep:
+                _shutdown_quietly(conn)
+        log.info("agent stopped (%d hooks removed)", removed)
+        return removed
+
+    def _unlink_if_ours(self) -> None:
+        # Only the process that created the socket may remove it (never a forked child).
+        if os.getpid() != self.pid:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    # -- serving -------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        listener = self.listener
+        while listener is not None and not self._stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                if self._stopping.is_set():
+                    break
+                time.sleep(0.05)  # e.g. EMFILE: do not spin
+                continue
+            threading.Thread(
+                target=self._serve_connection, args=(conn,), name=THREAD_PREFIX + "conn",
+                daemon=True,
+            ).start()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        with self._conns_lock:
+            self._conns.add(conn)
+        try:
+            peer_uid = self._peer_uid(conn)
+            if peer_uid not in (0, self.uid):
+                log.warning("refused a connection from uid %s", peer_uid)
+                return
+            connection = Connection(self, conn)
+            with self._conns_lock:
+                self._live.add(connection)
+            try:
+                connection.run()
+            finally:
+                with self._conns_lock:
+                    self._live.discard(connection)
+        except (OSError, protocol.ProtocolError) as exc:
+            log.info("connection ended: %s", exc)
+        except BaseException:
+            log.exception("connection failed")
+        finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
+            _shutdown_quietly(conn)
+            conn.close()
+
+    @staticmethod
+    def _peer_uid(conn: socket.socket) -> int:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        _pid, uid, _gid = _UCRED.unpack(creds)
+        return int(uid)
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "type": "hello",
+            "protocol": protocol.PROTOCOL_VERSION,
+            "agent_version": AGENT_VERSION,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "python": ".".join(map(str, sys.version_info[:3])),
+        }
+
+
+class Connection:
+    """One client: handshake, then requests one at a time; cancel or EOF cancels the running one."""
+
+    def __init__(self, server: Server, conn: socket.socket) -> None:
+        self.server = server
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self._ctx: registry.Context | None = None
+        self._req_id: Any = None
+        self._worker: threading.Thread | None = None
+        self._busy = False  # a request is running (cleared before its final message is sent)
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = protocol.encode(message)
+        with self._send_lock:
+            self.conn.sendall(data)
+
+    def run(self) -> None:
+        self.conn.settimeout(_HELLO_TIMEOUT)
+        hello = protocol.recv(self.conn)
+        if hello is None or hello.get("type") != "hello":
+            return
+        self.send(self.server.hello())
+        self.conn.settimeout(None)
+        try:
+            while True:
+                message = protocol.recv(self.conn)
+                if message is None:
+                    return
+                if not self._dispatch(message):
+                    return
+        finally:
+            self._cancel_running(wait=True)
+
+    def _dispatch(self, message: dict[str, Any]) -> bool:
+        kind = message.get("type")
+        if kind == "cancel":
+            if self._ctx is not None and message.get("id") in (None, self._req_id):
+                self._ctx.cancel()
+            return True
+        if kind != "request":
+            self._error(message.get("id"), protocol.ERR_USAGE, f"unexpected message {kind!r}")
+            return True
+        req_id, cmd = message.get("id"), str(message.get("cmd", ""))
+        if self._busy:
+            self._error(req_id, protocol.ERR_USAGE, "one request at a time per connection",
+                        "open another connection for concurrent requests")
+            return True
+        if cmd == "detach":
+            self._cancel_running(wait=True)
+            removed = self.server.stop(keep=self.conn)
+            self.send({"type": "result", "id": req_id,
+                       "data": {"detached": True, "hooks_removed": removed}})
+            return False
+        args = message.get("args") or {}
+        ctx = registry.Context(args if isinstance(args, dict) else {},
+                               emit=self._emitter(req_id), agent=self.server.state)
+        self._ctx, self._req_id, self._busy = ctx, req_id, True
+        self._worker = threading.Thread(
+            target=self._run_request, args=(ctx, req_id, cmd), name=THREAD_PREFIX + "request",
+            daemon=True,
+        )
+        self._worker.start()
+        return True
+
+    def _emitter(self, req_id: Any) -> Any:
+        def emit(data: dict[str, Any]) -> None:
+            self.send({"type": "event", "id": req_id, "data": data})
+
+        return emit
+
+    def _run_request(self, ctx: registry.Context, req_id: Any, cmd: str) -> None:
+        try:
+            try:
+                data = registry.run(ctx, cmd)
+            except registry.CommandError as exc:
+                self._busy = False
+                self._error(req_id, exc.kind, exc.message, exc.hint)
+                return
+            except BaseException as exc:
+                self._busy = False
+                log.exception("command %r failed", cmd)
+                self._error(req_id, protocol.ERR_INTERNAL,
+                            f"internal error in the agent: {type(exc).__name__}: {exc}",
+                            f"see the agent log {protocol.log_path(self.server.pid, self.server.uid)}")
+                return
+            self._busy = False
+            try:
+                self.send({"type": "result", "id": req_id, "data": data})
+            except protocol.ProtocolError as exc:
+                self._error(req_id, protocol.ERR_FAILED, str(exc))
+            finally:
+                del data  # keep no reference to anything of the target's
+        except OSError:
+            pass  # the client is gone; registry.run already removed the hooks
+
+    def _error(self, req_id: Any, kind: str, message: str, hint: str = "") -> None:
+        with contextlib.suppress(OSError):
+            self.send({"type": "error", "id": req_id,
+                       "error": {"kind": kind, "message": message, "hint": hint}})
+
+    def _cancel_running(self, wait: bool, timeout: float = 5.0) -> None:
+        ctx, worker = self._ctx, self._worker
+        if ctx is not None:
+            ctx.cancel()
+        if wait and worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
+
+
+def ensure_private_dir(directory: str, uid: int) -> None:
+    """Create ``directory`` 0700, or accept it only if it is a real directory of ``uid``, 0700."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{directory} is not a directory (a symlink?)")
+    if st.st_uid != uid:
+        raise PermissionError(f"{directory} belongs to uid {st.st_uid}, not {uid}")
+    if st.st_mode & 0o077:
+        raise PermissionError(f"{directory} is accessible to other users")
+
+
+def _shutdown_quietly(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _setup_logging(path: str) -> None:
+    log.propagate = False  # never reach the target's own handlers (they may print)
+    log.setLevel(logging.INFO)
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    log.addHandler(handler)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) must not serve or touch the parent's clients."""
+    global _server
+    server, _server = _server, None
+    if server is None:
+        return
+    listener, server.listener = server.listener, None
+    if listener is not None:
+        listener.close()  # close only; the path belongs to the parent
+    for conn in list(server._conns):
+        conn.close()
+    server._stopping.set()
+    if server.state.active_hooks():
+        # the child has no client: its copies of the hooks must go
+        server.state._lock = threading.Lock()
+        server.state.remove_all()
+
+
+def _at_exit() -> None:
+    server = _server
+    if server is not None and os.getpid() == server.pid:
+        server._unlink_if_ours()
+
+
+def running() -> bool:
+    server = _server
+    return server is not None and server.running() and os.getpid() == server.pid
+
+
+def start(params: dict[str, Any]) -> None:
+    """Start serving unless an agent already does (idempotent)."""
+    global _server, _fork_hook_installed, _atexit_installed
+    with _lock:
+        if running():
+            return
+        uid, pid = os.geteuid(), os.getpid()
+        ensure_private_dir(protocol.socket_dir(uid), uid)
+        _setup_logging(protocol.log_path(pid, uid))
+        server = Server(params)
+        server.open()
+        _server = server
+        if not _fork_hook_installed:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook_installed = True
+        if not _atexit_installed:
+            atexit.register(_at_exit)
+            _atexit_installed = True
+
+
+def stop() -> int:
+    server = _server
+    return server.stop() if server is not None else 0

@@ -1,0 +1,287 @@
+"""A census of the target's live tensors: how many, how big, where, what autograd graphs they
+retain, and who holds them (holder_paths). Produces the ``flight_profiler.census`` JSON
+document (docs/commands-torch.md has the schema; the report's loader relies on it).
+
+Bytes are counted per storage once: views share their base's storage, and the storage is
+charged to its largest tensor. ``graph_bytes`` is what autograd graphs keep alive that no
+live Python tensor already accounts for (saved tensors reached from ``grad_fn`` through
+``next_functions``), within a node cap.
+
+Costs are bounded: a deadline and an object budget for each phase; what was skipped is said.
+The cyclic GC is paused during the census (its collections would walk every object again and
+again while we allocate), and the big ``gc.get_objects()`` list is dropped as soon as the
+tensors are picked out of it. Nothing outlives the call: the result is plain data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+import time
+import warnings
+from typing import Any
+
+from . import holder_paths
+
+FORMAT = "flight_profiler.census"
+VERSION = 1
+MAX_GROUPS = 500
+MAX_HOLDERS = 500
+_CHUNK = 65536
+
+
+class Budget:
+    def __init__(self, seconds: float, objects: int, walk_objects: int, graph_nodes: int) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.objects = objects
+        self.walk_objects = walk_objects
+        self.graph_nodes = graph_nodes
+
+
+def _storage(torch: Any, t: Any) -> tuple[str, int, int] | None:
+    """(device, storage key, storage bytes) of a dense tensor; None for sparse/meta/odd ones."""
+    if t.layout != torch.strided or t.is_meta:
+        return None
+    st = t.untyped_storage()
+    ptr = st.data_ptr()
+    nbytes = st.nbytes()
+    # Storages of 0 bytes share ptr 0; key them apart so they are not merged.
+    return str(t.device), (ptr if ptr else -id(st)), nbytes
+
+
+def _scan(torch: Any, budget: Budget, skipped: list[str]) -> tuple[list[Any], int]:
+    """Live tensors among gc-tracked objects (torch.Tensor objects are gc-tracked)."""
+    tensor_type = torch.Tensor
+    objects = gc.get_objects()
+    total = len(objects)
+    tensors: list[Any] = []
+    limit = min(total, budget.objects)
+    # type() then a memo of issubclass: isinstance() would read ``__class__``, which runs
+    # arbitrary code on proxies (and emits deprecation warnings on some torch objects).
+    is_tensor: dict[type, bool] = {}
+    append = tensors.append
+    i = 0
+    while i < limit:
+        for o in objects[i : i + _CHUNK]:
+            t = type(o)
+            hit = is_tensor.get(t)
+            if hit is None:
+                hit = is_tensor[t] = issubclass(t, tensor_type)
+            if hit:
+                append(o)
+        o = None
+        i += _CHUNK
+        if time.monotonic() > budget.deadline:
+            break
+    unscanned = total - min(i, limit)
+    del objects
+    if unscanned > 0:
+        skipped.append(f"{unscanned} of {total} gc objects not scanned (time or object budget)")
+    return tensors, unscanned
+
+
+class _Graphs:
+    """Saved tensors reachable from grad_fn nodes, charged to the first root that reaches them."""
+
+    def __init__(self, torch: Any, live: set[Any], budget: Budget) -> None:
+        self.torch = torch
+        self.live = live  # storage keys already counted as live Python tensors
+        self.seen_storages: set[Any] = set()
+        self.seen_nodes: dict[int, Any] = {}  # id -> node, kept only during the census
+        self.saved_names: dict[type, tuple[str, ...]] = {}
+        self.budget = budget
+        self.truncated = False
+
+    def _names(self, node: Any) -> tuple[str, ...]:
+        t = type(node)
+        names = self.saved_names.get(t)
+        if names is None:
+            names = tuple(a for a in dir(node) if a.startswith("_saved_"))
+            self.saved_names[t] = names
+        return names
+
+    def bytes_from(self, root: Any) -> int:
+        total = 0
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in self.seen_nodes:
+                continue
+            if len(self.seen_nodes) >= self.budget.graph_nodes or time.monotonic() > self.budget.deadline:
+                self.truncated = True
+                return total
+            self.seen_nodes[id(node)] = node
+            for name in self._names(node):
+                try:
+                    value = getattr(node, name)
+                except Exception:  # freed by backward(), or not a tensor slot
+                    continue
+                for t in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(t, self.torch.Tensor):
+                        total += self._charge(t)
+            with contextlib.suppress(Exception):
+                stack.extend(fn for fn, _ in node.next_functions)
+        return total
+
+    def _charge(self, t: Any) -> int:
+        try:
+            info = _storage(self.torch, t)
+        except Exception:
+            return 0
+        if info is None:
+            return 0
+        key = (info[0], info[1])
+        if key in self.live or key in self.seen_storages:
+            return 0
+        self.seen_storages.add(key)
+        return info[2]
+
+
+def take(torch: Any, label: str = "", seconds: float = 5.0, max_objects: int = 20_000_000,
+         walk_objects: int = 2_000_000, graph_nodes: int = 200_000, max_depth: int = 12) -> dict[str, Any]:
+    """The census document. Runs in the agent's thread; pauses the cyclic GC meanwhile."""
+    started = time.monotonic()
+    budget = Budget(seconds, max_objects, walk_objects, graph_nodes)
+    skipped: list[str] = []
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        # Deprecated torch attributes warn when touched; the target's stderr is not ours.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tensors, unscanned = _scan(torch, budget, skipped)
+            try:
+                return _census(torch, tensors, unscanned, budget, skipped, label, started, max_depth)
+            finally:
+                del tensors
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skipped: list[str],
+            label: str, started: float, max_depth: int) -> dict[str, Any]:
+    disable_subclass = getattr(torch._C, "DisableTorchFunctionSubclass", None)
+    rows: list[tuple[str, str, tuple[int, ...], Any, int, bool, int]] = []
+    owner: dict[Any, tuple[int, int]] = {}  # storage key -> (row index, tensor nbytes)
+    odd = 0
+    guard = disable_subclass() if disable_subclass is not None else _Null()
+    with guard:
+        for t in tensors:
+            try:
+                info = _storage(torch, t)
+                has_fn = t.grad_fn is not None
+                if info is None:
+                    odd += 1
+                    rows.append((str(t.device), _dtype(t), tuple(t.shape), None, 0, has_fn, id(t)))
+                    continue
+                device, key, nbytes = info
+                rows.append((device, _dtype(t), tuple(t.shape), (device, key), nbytes, has_fn, id(t)))
+                size = t.numel() * t.element_size()
+                prev = owner.get((device, key))
+                if prev is None or size > prev[1]:
+                    owner[(device, key)] = (len(rows) - 1, size)
+            except Exception:
+                odd += 1
+    if odd:
+        skipped.append(f"{odd} sparse/meta/unreadable tensors counted without bytes")
+    charged = {index for index, _ in owner.values()}
+    del owner
+
+    # Holders first: a saved tensor that something else also holds is not the graph's doing.
+    wanted = {id(t): t for t in tensors}
+    w = holder_paths.walk(torch, wanted, budget.walk_objects, max_depth, budget.deadline,
+                          skip_thread=threading.get_ident())
+    wanted.clear()
+    if w.truncated:
+        skipped.append(w.truncated)
+    paths = {row[6]: w.path(row[6]) for row in rows}
+    w.parent.clear()
+    w.found.clear()
+    reached = {row[3] for row in rows if row[3] is not None and paths[row[6]] is not None}
+
+    # Retained autograd graphs: saved tensors no holder explains, charged to the first root
+    # (reached roots first) whose graph reaches them.
+    graphs = _Graphs(torch, reached, budget)
+    graph_of: dict[int, int] = {}
+    for t in sorted(tensors, key=lambda t: paths.get(id(t)) is None):
+        fn = getattr(t, "grad_fn", None)
+        if fn is not None:
+            graph_of[id(t)] = graphs.bytes_from(fn)
+        del fn
+    graphs.seen_nodes.clear()
+    in_graphs = graphs.seen_storages
+    if graphs.truncated:
+        skipped.append(f"autograd graph walk stopped at {budget.graph_nodes} nodes or the deadline")
+
+    totals: dict[str, Any] = {"count": 0, "bytes": 0, "with_grad_fn": 0, "graph_bytes": 0, "by_device": {}}
+    groups: dict[tuple[str, str, tuple[int, ...]], dict[str, Any]] = {}
+    holders: dict[str, dict[str, Any]] = {}
+    for index, (device, dtype, shape, key, nbytes, has_fn, tid) in enumerate(rows):
+        b = nbytes if index in charged else 0
+        g_bytes = graph_of.get(tid, 0)
+        totals["count"] += 1
+        totals["bytes"] += b
+        totals["with_grad_fn"] += has_fn
+        totals["graph_bytes"] += g_bytes
+        dev = totals["by_device"].setdefault(device, {"count": 0, "bytes": 0})
+        dev["count"] += 1
+        dev["bytes"] += b
+        group = groups.get((device, dtype, shape))
+        if group is None:
+            group = groups[(device, dtype, shape)] = {
+                "device": device, "dtype": dtype, "shape": list(shape), "count": 0, "bytes": 0,
+                "with_grad_fn": 0}
+        group["count"] += 1
+        group["bytes"] += b
+        group["with_grad_fn"] += has_fn
+        where = paths.get(tid)
+        if where is None and key in in_graphs:
+            continue  # a saved tensor of a graph: already in its root holder's graph_bytes
+        example, canonical, kind = where if where is not None else ("<unreached>", "<unreached>", "unknown")
+        holder = holders.get(canonical)
+        if holder is None:
+            holder = holders[canonical] = {
+                "path": canonical, "example": example, "kind": kind, "count": 0, "bytes": 0,
+                "with_grad_fn": 0, "graph_bytes": 0}
+        holder["count"] += 1
+        holder["bytes"] += b
+        holder["with_grad_fn"] += has_fn
+        holder["graph_bytes"] += g_bytes
+    paths.clear()
+    group_list = sorted(groups.values(), key=lambda g: (-g["bytes"], -g["count"]))
+    holder_list = sorted(holders.values(), key=lambda h: (-(h["bytes"] + h["graph_bytes"]), -h["count"]))
+    if len(group_list) > MAX_GROUPS:
+        skipped.append(f"{len(group_list) - MAX_GROUPS} smallest groups left out")
+    if len(holder_list) > MAX_HOLDERS:
+        skipped.append(f"{len(holder_list) - MAX_HOLDERS} smallest holders left out")
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "pid": os.getpid(),
+        "time": time.time(),
+        "label": label,
+        "totals": totals,
+        "groups": group_list[:MAX_GROUPS],
+        "holders": holder_list[:MAX_HOLDERS],
+        # Allocation sites are not recorded for live tensors; `torch memory -r` has them.
+        "sites": [],
+        "skipped": {"objects": unscanned, "reason": "; ".join(skipped)},
+        "elapsed_s": round(time.monotonic() - started, 4),
+        "walked_objects": w.visited,
+    }
+
+
+def _dtype(t: Any) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

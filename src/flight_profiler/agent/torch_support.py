@@ -1,0 +1,229 @@
+"""What every torch command needs inside the target: torch (only if already imported), CUDA
+state without initialising CUDA, output paths, atomic pickle/JSON writes, and a guard that
+keeps PyTorch's native log lines out of the target's stderr.
+
+Standard library only; ``torch`` is reached through ``sys.modules`` and never imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import pickle
+import re
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import IO, Any
+
+from .atomic import write_atomic
+from .protocol import ERR_TORCH_MISSING, ERR_USAGE
+from .registry import CommandError
+
+# Snapshot pickles are read by our report through a restricted unpickler and by PyTorch's
+# memory_viz through plain pickle: protocol 4 of plain containers suits both.
+PICKLE_PROTOCOL = 4
+
+# Lines kineto prints on stderr by itself (fprintf / its own logger) when a profiler starts or
+# stops (e.g. "USDT:2026-11-22 02:17:11 4951:4951 SyncActivityProfilerHandler.cpp:52]
+# profiler_start"); they are noise in someone else's process.
+_NATIVE_NOISE = re.compile(
+    rb"^(?:(?:USDT|STAGE|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+:\d+\]"
+    rb"|ERROR: External init callback must run in same thread as registerClient"
+    rb"|\[W\d{4} [\d:.]+ (?:\d+ )?CPUAllocator\.cpp:\d+\] Memory block of unknown size)"
+)
+
+
+def get_torch() -> Any:
+    """The target's torch module, or a torch_missing CommandError (never imports torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):
+        raise CommandError(
+            "the target has not imported torch",
+            "torch commands work once the program has run `import torch`; "
+            "nothing was imported into it",
+            ERR_TORCH_MISSING,
+        )
+    return torch
+
+
+def cuda_in_use(torch: Any) -> bool:
+    """True when the target has CUDA AND has initialised it.
+
+    A target that never touched CUDA holds no CUDA memory; asking the allocator would create
+    a CUDA context (hundreds of MB per device) in someone else's process.
+    """
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None:
+        return False
+    try:
+        return bool(cuda.is_available() and cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def rss_bytes() -> int:
+    """Resident set size from /proc/self/statm (field 2, in pages)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def output_path(ctx_args: dict[str, Any], kind: str, ext: str) -> str:
+    """The absolute path to write: ``path`` as the CLI resolved it, else a default name.
+
+    Default: ``fp-<pid>-<kind>-<YYYYmmdd-HHMMSS>.<ext>`` in ``default_dir`` (the CLI's cwd,
+    sent absolute), or the agent's cwd when no CLI told us.
+    """
+    path = ctx_args.get("path")
+    if path:
+        path = str(path)
+        if not os.path.isabs(path):
+            raise CommandError(f"output path {path!r} is not absolute", "the CLI sends absolute paths", ERR_USAGE)
+        return path
+    directory = str(ctx_args.get("default_dir") or os.getcwd())
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+    return os.path.join(directory, f"fp-{os.getpid()}-{kind}-{stamp}.{ext}")
+
+
+def check_writable(path: str) -> None:
+    """Fail before doing any work if the file cannot be created (clear message, no traceback)."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise CommandError(f"directory {directory} does not exist", "create it or pass another -f", ERR_USAGE)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise CommandError(
+            f"the target process cannot write to {directory}",
+            "the file is written by the target's user; pass -f in a directory it can write",
+            ERR_USAGE,
+        )
+
+
+def write_pickle(path: str, obj: Any) -> int:
+    data = pickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    return write_atomic(path, write)
+
+
+def write_json(path: str, obj: Any) -> int:
+    """JSON to ``path`` atomically; gzip when the name ends in .gz."""
+
+    def write(f: IO[bytes]) -> None:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as gz:
+                _dump_json(obj, gz)  # type: ignore[arg-type]  # GzipFile is a binary file
+        else:
+            _dump_json(obj, f)
+
+    return write_atomic(path, write)
+
+
+def _dump_json(obj: Any, f: IO[bytes]) -> None:
+    encoder = json.JSONEncoder(separators=(",", ":"), default=str)
+    for chunk in encoder.iterencode(obj):
+        f.write(chunk.encode("utf-8"))
+
+
+def plain(obj: Any, depth: int = 0) -> Any:
+    """``obj`` as plain dict/list/str/int/float/bool/None (tuples become lists).
+
+    Our report's restricted unpickler accepts nothing else; anything exotic becomes its str().
+    """
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if depth > 64:
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k) if not isinstance(k, (str, int)) else k: plain(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v, depth + 1) for v in obj]
+    return str(obj)
+
+
+class QuietStderr:
+    """Keep PyTorch's native log lines out of the target's stderr, and nothing else.
+
+    fd 2 is pointed at a temp file while active; on ``close()`` whatever the target itself
+    wrote meanwhile is copied back to its stderr unchanged, minus the lines PyTorch's native
+    profiler printed (kineto's USDT/STAGE lines, its "External init callback" complaint when a
+    profiler starts outside the thread that imported torch, c10's one-time "Memory block of
+    unknown size" warning under profile_memory). ``close()`` is idempotent and may run in
+    any thread. With ``python_warnings`` Python warnings are suppressed meanwhile too (only
+    for short windows: warning filters are process-wide).
+    """
+
+    def __init__(self, python_warnings: bool = True) -> None:
+        self._saved = -1
+        self._tmp: Any = None
+        self._catch: Any = None
+        self._lock = threading.Lock()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        if python_warnings:
+            self._catch = warnings.catch_warnings()
+            self._catch.__enter__()
+            warnings.simplefilter("ignore")
+        try:
+            tmp = tempfile.TemporaryFile()  # noqa: SIM115  (closed in close())
+            saved = os.dup(2)
+        except OSError:
+            return
+        try:
+            os.dup2(tmp.fileno(), 2)
+        except OSError:
+            os.close(saved)
+            tmp.close()
+            return
+        self._saved, self._tmp = saved, tmp
+
+    def close(self) -> None:
+        with self._lock:
+            saved, tmp, catch = self._saved, self._tmp, self._catch
+            self._saved, self._tmp, self._catch = -1, None, None
+        if catch is not None:
+            catch.__exit__(None, None, None)
+        if saved < 0:
+            return
+        os.dup2(saved, 2)
+        os.close(saved)
+        try:
+            tmp.seek(0)
+            kept = [line for line in tmp.read().splitlines(True) if not _NATIVE_NOISE.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
+        except OSError:
+            pass
+        finally:
+            tmp.close()
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """QuietStderr around a short block (a profiler start, stop or export)."""
+    quiet = QuietStderr()
+    try:
+        yield
+    finally:
+        quiet.close()
+
+
+def file_result(path: str, size: int) -> dict[str, Any]:
+    return {"path": path, "size": size}
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -1,0 +1,98 @@
+"""Chrome traces from torch.profiler: finish them for the tools users open them in, and
+summarise their operators.
+
+``finish(prof, path, ...)``: export to a temp file next to ``path``, add ``distributedInfo``
+(rank from $RANK, else 0) and ``traceName`` so that Holistic Trace Analysis loads CPU-only
+traces too, then write ``path`` atomically (gzip when it ends in .gz).
+``top_ops(trace)``: self/total CPU time per ``cpu_op`` (self = duration minus direct children
+in the same thread) and CUDA time per kernel name, computed from the exported events rather
+than ``prof.key_averages()``, which crashed under with_stack once a DataLoader had been
+iterated (torch-formats.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any
+
+from .torch_support import quiet_native_stderr, write_json
+
+SORT_KEYS = ("self_cpu", "cpu_total", "self_cuda", "count")
+
+
+def export(prof: Any, path: str, trace_name: str) -> tuple[int, dict[str, Any]]:
+    """(size written, trace dict) for a stopped profiler."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".fp-trace-", suffix=".json", dir=directory)
+    os.close(fd)
+    try:
+        with quiet_native_stderr():
+            prof.export_chrome_trace(tmp)
+        with open(tmp, "rb") as f:
+            trace = json.load(f)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    if not isinstance(trace, dict):
+        trace = {"traceEvents": trace}
+    return finish_trace(trace, path, trace_name), trace
+
+
+def finish_trace(trace: dict[str, Any], path: str, trace_name: str) -> int:
+    info = trace.get("distributedInfo")
+    if not isinstance(info, dict):
+        info = trace["distributedInfo"] = {}
+    if "rank" not in info:
+        try:
+            info["rank"] = int(os.environ.get("RANK", "0"))
+        except ValueError:
+            info["rank"] = 0
+    trace["traceName"] = trace_name
+    return write_json(path, trace)
+
+
+def top_ops(trace: dict[str, Any], sort_by: str = "self_cpu", limit: int = 15) -> dict[str, Any]:
+    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+    ops: dict[str, dict[str, float]] = {}
+    by_thread: dict[Any, list[dict[str, Any]]] = {}
+    kernels = 0
+    for e in events:
+        cat = e.get("cat")
+        if cat == "cpu_op":
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        elif cat == "kernel":
+            kernels += 1
+            row = ops.setdefault(str(e.get("name")), _row())
+            row["self_cuda"] += float(e.get("dur", 0))
+            row["cuda_total"] += float(e.get("dur", 0))
+            row["kernels"] += 1
+    for thread_events in by_thread.values():
+        thread_events.sort(key=lambda e: (float(e.get("ts", 0)), -float(e.get("dur", 0))))
+        stack: list[tuple[float, dict[str, float]]] = []  # (end, row of the open op)
+        for e in thread_events:
+            ts, dur = float(e.get("ts", 0)), float(e.get("dur", 0))
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            row = ops.setdefault(str(e.get("name")), _row())
+            row["count"] += 1
+            row["cpu_total"] += dur
+            row["self_cpu"] += dur
+            if stack:
+                stack[-1][1]["self_cpu"] -= dur
+            stack.append((ts + dur, row))
+    key = sort_by if sort_by in SORT_KEYS else "self_cpu"
+    rows: list[dict[str, Any]] = [{"name": name, **{k: round(v, 3) for k, v in row.items()}}
+                                  for name, row in ops.items()]
+    rows.sort(key=lambda r: -float(r[key]))
+    total_self = sum(float(r["self_cpu"]) for r in rows)
+    return {"sort_by": key, "rows": rows[:limit], "operators": len(rows),
+            "self_cpu_total_us": round(total_self, 3), "has_cuda": kernels > 0,
+            "events": len(trace.get("traceEvents", []))}
+
+
+def _row() -> dict[str, float]:
+    return {"count": 0, "self_cpu": 0.0, "cpu_total": 0.0, "self_cuda": 0.0, "cuda_total": 0.0,
+            "kernels": 0}

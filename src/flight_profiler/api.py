@@ -1,0 +1,237 @@
+"""Public Python API; the CLI is built on it.
+
+```python
+from flight_profiler.api import connect
+with connect(pid, timeout=10.0) as session:      # attaches (injects if no agent answers)
+    info = session.request("status")              # structured: handler name + args
+    stacks = session.run("stack")                 # a command line, parsed as the CLI does
+    for event in session.stream("watch", {...}):  # streaming commands
+        ...
+    session.detach()
+```
+
+``connect`` reuses a running agent when one answers (a reconnect costs a few milliseconds) and
+injects only when none does. Leaving the ``with`` block closes the connection; the agent stays
+(cheap when idle) until ``detach()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Generator, Iterator
+from typing import Any, Callable
+
+from flight_profiler.agent import protocol
+from flight_profiler.client import AgentBusy, AgentClient, EventHandler, NoAgent
+from flight_profiler.errors import (
+    AgentLost,
+    AttachFailed,
+    AttachTimeout,
+    FlightProfilerError,
+)
+
+__all__ = ["Session", "connect"]
+
+_POLL = 0.01  # seconds between connection attempts while the agent starts
+
+
+class Session:
+    """A connection to the agent in one process."""
+
+    def __init__(self, pid: int, client: AgentClient, injected: bool, attach_seconds: float,
+                 method: str | None = None) -> None:
+        self.pid = pid
+        self.client: AgentClient | None = client
+        self.injected = injected  # True when this connect() put the agent there
+        self.attach_seconds = attach_seconds
+        self.method = method
+        self.hello = client.hello
+
+    # -- requests ----------------------------------------------------------------------------
+    def _client(self) -> AgentClient:
+        if self.client is None:
+            raise AgentLost("this session is closed", "connect again")
+        return self.client
+
+    def request(self, cmd: str, args: dict[str, Any] | None = None,
+                on_event: EventHandler | None = None) -> dict[str, Any]:
+        """Run the agent handler ``cmd`` with JSON ``args``; returns its result data."""
+        try:
+            result = self._client().request(cmd, args, on_event)
+        except AgentLost:
+            self.close()
+            raise
+        if cmd == "detach":
+            self.close()
+        return result
+
+    def run(self, command_line: str, on_event: EventHandler | None = None) -> dict[str, Any]:
+        """Parse ``command_line`` exactly as the CLI does (e.g. ``"stack --all"``) and run it."""
+        from flight_profiler.cli.agent_commands import parse
+
+        req = parse(command_line)
+        return self.request(req.cmd, req.args, on_event)
+
+    def stream(self, cmd: str, args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Yield the events of a streaming command. Leaving the loop early cancels the request
+        (the agent removes its hooks); the final result is then in ``self.last_result``."""
+        return self._stream(cmd, args)
+
+    def _stream(self, cmd: str, args: dict[str, Any] | None) -> Generator[dict[str, Any], None, None]:
+        client = self._client()
+        req_id = client.start(cmd, args)
+        self.last_result: dict[str, Any] | None = None
+        finished = False
+        try:
+            for kind, data in client.messages(req_id):
+                if kind == "event":
+                    yield data
+                else:
+                    self.last_result = data
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                client.cancel(req_id)
+                with contextlib.suppress(FlightProfilerError):
+                    self.last_result = client.drain(req_id)
+
+    def detach(self) -> dict[str, Any]:
+        """Remove every hook, stop the agent and close the connection."""
+        if self.client is None:
+            return {"detached": False}
+        return self.request("detach")
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _say_nothing(_: str) -> None:
+    pass
+
+
+def _stderr_say(text: str) -> None:
+    sys.stderr.write(f"[attach] {text}\n")
+    sys.stderr.flush()
+
+
+def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool = False,
+            say: Callable[[str], None] | None = None) -> Session:
+    """Attach to ``pid`` (reusing its agent if one answers) and return a :class:`Session`."""
+    from flight_profiler.attach import process
+
+    say = say or (_stderr_say if verbose else _say_nothing)
+    started = time.monotonic()
+    target = process.inspect(pid, check_permissions=False)
+    path = protocol.socket_path(target.ns_pid, target.uid, target.root)
+    try:
+        client = AgentClient.connect(path, target.ns_pid, target.start_time, timeout=timeout)
+        elapsed = time.monotonic() - started
+        say(f"reused the agent already running in {pid} ({elapsed * 1000:.0f} ms)")
+        return Session(pid, client, False, elapsed)
+    except AgentBusy as exc:
+        raise AttachTimeout(
+            f"the agent in process {pid} is running but did not answer: {exc}",
+            "a thread of the target is probably holding the GIL in a long C call; retry later "
+            "or raise --timeout") from None
+    except NoAgent as exc:
+        say(f"no agent answers at {path} ({exc}); injecting")
+    process.check_permissions(pid)
+    say(f"target: pid {pid}, Python {target.version_str}, uid {target.uid}, exe {target.exe}, "
+        f"{'libpython ' + target.libpython if target.libpython else 'static interpreter'}")
+    from flight_profiler.attach import inject
+
+    deadline = time.time() + timeout
+    log_offset = _log_size(target)
+    injection = inject.inject(target, method, deadline, say)
+    client = _wait_for_agent(target, path, deadline, injection, say, log_offset)
+    elapsed = time.monotonic() - started
+    say(f"agent answered after {elapsed:.2f}s")
+    return Session(pid, client, True, elapsed, injection.method)
+
+
+def _wait_for_agent(target: Any, path: str, deadline: float, injection: Any,
+                    say: Callable[[str], None], log_offset: int) -> AgentClient:
+    # A little grace after the deadline: the bootstrap checks the deadline when it starts,
+    # so an agent that started just in time still gets found.
+    last: Exception | None = None
+    next_log_check = time.time() + 0.1
+    while time.time() < deadline + 0.5:
+        try:
+            return AgentClient.connect(path, target.ns_pid, target.start_time,
+                                       timeout=max(deadline + 0.5 - time.time(), 0.1))
+        except (NoAgent, AgentBusy) as exc:
+            last = exc
+        if not os.path.exists(f"/proc/{target.pid}"):
+            raise AgentLost(f"process {target.pid} exited while the agent was starting",
+                            "see the target's own output for why it ended")
+        if time.time() >= next_log_check:  # fail fast when the bootstrap reported an error
+            next_log_check = time.time() + 0.1
+            failure = _bootstrap_failure(target, log_offset)
+            if failure:
+                raise AttachFailed(f"the agent failed to start in {target.pid}: {failure}",
+                                   f"see {protocol.log_path(target.ns_pid, target.uid, target.root)}")
+        time.sleep(_POLL)
+    failure = _bootstrap_failure(target, log_offset)
+    if failure:
+        raise AttachFailed(f"the agent failed to start in {target.pid}: {failure}",
+                           f"see {protocol.log_path(target.ns_pid, target.uid, target.root)}")
+    say(f"last connection attempt: {last}")
+    raise AttachTimeout(_explain_timeout(target.pid, injection),
+                        "the target was left as it was (the queued bootstrap does nothing once "
+                        "this attach has given up); retry later or raise --timeout")
+
+
+def _log_size(target: Any) -> int:
+    try:
+        return os.path.getsize(protocol.log_path(target.ns_pid, target.uid, target.root))
+    except OSError:
+        return 0
+
+
+def _bootstrap_failure(target: Any, offset: int) -> str | None:
+    """The bootstrap's error line written since ``offset`` in the agent log, if any."""
+    try:
+        with open(protocol.log_path(target.ns_pid, target.uid, target.root), "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.startswith("bootstrap failed")]
+    return lines[-1] if lines else None
+
+
+def _explain_timeout(pid: int, injection: Any) -> str:
+    """Say why the agent did not come up, as precisely as gdb's observations allow."""
+    base = f"the agent did not come up in process {pid} in time"
+    outcome = getattr(injection, "evidence", None)
+    if outcome is None:
+        return f"{base} ({injection.method}: {injection.detail})"
+    state = outcome.main_thread_state()
+    if outcome.helper_error and outcome.method == "pending":
+        return (f"{base}: {outcome.helper_error}, and the pending call queued instead was not "
+                f"run (main thread {state})")
+    if outcome.method == "helper":
+        return (f"{base}: its thread is waiting for the GIL, which another thread holds "
+                f"(a long C call?); main thread {state}")
+    if outcome.syscall is not None and outcome.syscall < 0 and outcome.holds_gil is False:
+        return (f"{base}: the main thread is in native code without the GIL; the agent runs "
+                "only when Python code runs again")
+    if outcome.syscall is not None and outcome.syscall >= 0 and outcome.holds_gil:
+        return (f"{base}: the main thread is blocked in system call {outcome.syscall} while "
+                "holding the GIL")
+    if outcome.syscall is not None and outcome.syscall >= 0:
+        return (f"{base}: the main thread sleeps in system call {outcome.syscall} and no helper "
+                "library could be used, so the agent waits for Python code to run")
+    return f"{base}: a pending call was queued but no thread ran Python code (main thread {state})"

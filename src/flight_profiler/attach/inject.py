@@ -1,0 +1,129 @@
+"""Choose how to get the agent into the target, build the bootstrap text, and inject it.
+
+``choose_method`` is a pure function (unit-tested): remote_exec when PEP 768 can work (target
+3.14+, same major.minor as this CLI, not opted out), else gdb; pyrasite only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from flight_profiler.agent import protocol
+from flight_profiler.attach import remote_exec
+from flight_profiler.attach.process import TargetInfo
+from flight_profiler.errors import AttachFailed, UsageError
+
+METHODS = ("auto", "remote_exec", "gdb", "pyrasite")
+_BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "agent", "bootstrap.py")
+
+
+def choose_method(
+    requested: str,
+    target_version: tuple[int, int] | None,
+    cli_version: tuple[int, int],
+    remote_debug_disabled: bool,
+    gdb_available: bool,
+    pyrasite_available: bool,
+) -> str:
+    """The injection method to use, or a UsageError/AttachFailed naming why none fits."""
+    if requested not in METHODS:
+        raise UsageError(f"unknown --method {requested!r}", f"choose one of {', '.join(METHODS)}")
+    can_remote = remote_exec.usable(target_version, cli_version, remote_debug_disabled)
+    if requested == "remote_exec":
+        if can_remote:
+            return "remote_exec"
+        if target_version is None or target_version < (3, 14):
+            why = f"the target runs Python {_v(target_version)}; sys.remote_exec needs 3.14+"
+        elif remote_debug_disabled:
+            why = "the target disabled remote debugging (PYTHON_DISABLE_REMOTE_DEBUG / -X disable_remote_debug)"
+        else:
+            why = (f"the target runs Python {_v(target_version)} but this CLI runs "
+                   f"{_v(cli_version)}; sys.remote_exec needs the same major.minor")
+        raise AttachFailed(f"--method remote_exec cannot be used: {why}", "use --method gdb")
+    if requested == "pyrasite":
+        if not pyrasite_available:
+            raise AttachFailed("--method pyrasite needs pyrasite, which is not installed",
+                               "`pip install pyrasite`, or use --method auto")
+        return "pyrasite"
+    if requested == "auto" and can_remote:
+        return "remote_exec"
+    if not gdb_available:
+        hint = "install it: `apt-get install gdb`"
+        if target_version is not None and target_version >= (3, 14) and not remote_debug_disabled:
+            hint += (f"; or run flight_profiler with Python {_v(target_version)} "
+                     "to use sys.remote_exec")
+        raise AttachFailed("gdb is not installed (needed to attach to this target)", hint)
+    return "gdb"
+
+
+def _v(version: tuple[int, int] | None) -> str:
+    return f"{version[0]}.{version[1]}" if version else "unknown"
+
+
+def bootstrap_text(params: dict[str, object]) -> str:
+    """The Python text the target runs: the bootstrap source, exec'd off ``__main__``."""
+    with open(_BOOTSTRAP, encoding="utf-8") as f:
+        source = f.read()
+    return (
+        "try:\n"
+        f"    exec({source!r}, {{'__name__': '_flight_profiler_bootstrap', '_FP': {params!r}}})\n"
+        "except BaseException:\n"
+        "    pass\n"
+    )
+
+
+@dataclass
+class Injection:
+    method: str
+    detail: str  # what happened, for -v and for explaining a timeout
+    evidence: object = None  # gdb.GdbOutcome for the gdb method
+
+
+def inject(target: TargetInfo, method: str, deadline: float,
+           say: Callable[[str], None] = lambda s: None) -> Injection:
+    """Stage the agent and run the chosen injector once. Does not wait for the agent."""
+    import shutil
+
+    from flight_profiler.attach import helper as helper_mod
+    from flight_profiler.attach import pyrasite, staging
+
+    chosen = choose_method(
+        method, target.version, sys.version_info[:2],
+        remote_exec.disabled_in(target.environ, target.cmdline),
+        shutil.which("gdb") is not None, pyrasite.available(),
+    )
+    helper_path, helper_note = (None, "not needed")
+    if chosen == "gdb":
+        helper_path, helper_note = helper_mod.find_helper()
+        say(f"helper library: {helper_path or 'none'} ({helper_note})")
+    staged = staging.stage(target.uid, target.ns_pid, target.root, helper_path)
+    say(f"agent staged at {staged.pkg}")
+    base: dict[str, object] = {"pkg": staged.pkg, "log": staged.log, "deadline": deadline,
+                               "version": "0.1.0"}
+    if chosen == "remote_exec":
+        remote_exec.inject(target.pid, bootstrap_text(base),
+                           protocol.socket_dir(target.uid, target.root),
+                           protocol.socket_dir(target.uid))
+        return Injection("remote_exec", "sys.remote_exec queued the bootstrap")
+    if chosen == "pyrasite":
+        pyrasite.inject(target.pid, bootstrap_text(base), max(deadline - time.time(), 1.0))
+        return Injection("pyrasite", "pyrasite ran the bootstrap")
+    from flight_profiler.attach import gdb
+
+    assert target.version is not None
+    outcome = gdb.inject(
+        target.pid, target.version, staged.helper,
+        bootstrap_text({**base, "foreign": True}), bootstrap_text({**base, "foreign": False}),
+    )
+    for key, value in outcome.values.items():
+        say(f"gdb: {key}={value}")
+    say(f"gdb returned in {outcome.elapsed:.2f}s: main thread {outcome.main_thread_state()}, "
+        f"agent started by {'a helper thread' if outcome.method == 'helper' else 'a pending call'}")
+    if helper_path is None:
+        say(helper_note)
+    return Injection("gdb", outcome.method, outcome)

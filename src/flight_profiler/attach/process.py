@@ -1,0 +1,250 @@
+"""Pre-flight checks on the target, from /proc only (no ptrace): can we attach, and to what?
+
+Each failure raises the matching error from errors.py with one line naming the cause and the fix.
+The parsing functions take text so that they are unit-tested without live processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from flight_profiler.errors import AttachFailed, NotPython, PermissionDenied, ProcessNotFound
+
+CAP_SYS_PTRACE = 19
+
+PTRACE_SCOPE_FILE = "/proc/sys/kernel/yama/ptrace_scope"
+
+_LIBPYTHON = re.compile(r"/libpython(\d)\.(\d+)[a-z]*\.so")
+_EXE_VERSION = re.compile(r"python(\d)\.(\d+)[a-z]*$")
+_EXT_TAG = re.compile(r"\.cpython-(\d)(\d+)[a-z]*-")
+_STDLIB_DIR = re.compile(r"/lib/python(\d)\.(\d+)/")
+
+
+@dataclass
+class TargetInfo:
+    pid: int
+    uid: int  # effective uid: the agent's socket directory is named after it
+    state: str
+    tracer_pid: int
+    ns_pid: int  # the pid as the target sees itself (differs inside a container)
+    start_time: int
+    exe: str
+    version: tuple[int, int] | None
+    libpython: str | None  # None: statically linked interpreter
+    root: str  # "/proc/PID/root" when the target lives in another mount namespace, else "/"
+    cmdline: list[str] = field(default_factory=list)
+    environ: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def version_str(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}" if self.version else "unknown"
+
+
+@dataclass
+class Status:
+    state: str
+    tracer_pid: int
+    uids: tuple[int, int, int, int]
+    ns_pid: int
+    cap_eff: int
+
+
+def parse_status(text: str) -> Status:
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    uids = tuple(int(x) for x in fields.get("Uid", "0 0 0 0").split()[:4])
+    ns = fields.get("NSpid", "").split()
+    return Status(
+        state=fields.get("State", "?").split()[0] if fields.get("State") else "?",
+        tracer_pid=int(fields.get("TracerPid", "0") or 0),
+        uids=(uids + (uids[-1],) * 4)[:4],  # type: ignore[arg-type]
+        ns_pid=int(ns[-1]) if ns else 0,
+        cap_eff=int(fields.get("CapEff", "0"), 16),
+    )
+
+
+def python_version_from(exe: str, maps: str) -> tuple[tuple[int, int] | None, str | None]:
+    """(major, minor) and the libpython path, from the exe path and /proc/PID/maps text.
+
+    A shared libpython names the version; a statically linked interpreter is recognised by its
+    exe name, else by the version tag of a loaded extension module or its stdlib directory.
+    """
+    for line in maps.splitlines():
+        m = _LIBPYTHON.search(line)
+        if m:
+            path = line.split(None, 5)[-1] if len(line.split(None, 5)) == 6 else None
+            return (int(m.group(1)), int(m.group(2))), path
+    m = _EXE_VERSION.search(os.path.basename(exe.replace(" (deleted)", "")))
+    if m:
+        return (int(m.group(1)), int(m.group(2))), None
+    for pattern in (_EXT_TAG, _STDLIB_DIR):
+        m = pattern.search(maps)
+        if m:
+            return (int(m.group(1)), int(m.group(2))), None
+    return None, None
+
+
+def ptrace_scope() -> int | None:
+    try:
+        with open(PTRACE_SCOPE_FILE) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None  # no Yama: classic ptrace rules
+
+
+def in_container() -> bool:
+    if os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"):
+        return True
+    try:
+        with open("/proc/1/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return any(word in text for word in ("docker", "kubepods", "containerd", "lxc"))
+
+
+def permission_hint(scope: int | None, container: bool) -> str:
+    """The fix for a refused ptrace, most likely first."""
+    parts = []
+    if container:
+        parts.append("in Docker run the container with `--cap-add=SYS_PTRACE` "
+                     "(Kubernetes: securityContext.capabilities.add: [SYS_PTRACE])")
+    if scope is not None and scope > 0:
+        parts.append(f"kernel.yama.ptrace_scope is {scope}: run as root (sudo) or "
+                     "`sudo sysctl kernel.yama.ptrace_scope=0`")
+    parts.append("run as the target's user or as root")
+    return "; ".join(parts)
+
+
+def check_ptrace_allowed(status: Status, caller_uid: int, caller_caps: int, pid: int) -> None:
+    """Raise PermissionDenied when the kernel will refuse ptrace (predicted without trying)."""
+    scope = ptrace_scope()
+    has_cap = bool(caller_caps & (1 << CAP_SYS_PTRACE))
+    if scope == 3:
+        raise PermissionDenied(
+            f"ptrace is disabled on this machine (kernel.yama.ptrace_scope=3); cannot attach to {pid}",
+            "only Python 3.14 targets can be attached without ptrace (--method remote_exec), "
+            "or reboot with a lower ptrace_scope",
+        )
+    if has_cap:
+        return
+    if any(uid != caller_uid for uid in status.uids[:3]):
+        raise PermissionDenied(
+            f"process {pid} belongs to uid {status.uids[1]}, you are uid {caller_uid}",
+            f"run as that user or with sudo: `sudo flight_profiler {pid}`",
+        )
+    if scope == 2:
+        raise PermissionDenied(
+            "kernel.yama.ptrace_scope=2 allows only root to attach",
+            "run with sudo, or `sudo sysctl kernel.yama.ptrace_scope=0`",
+        )
+    if scope == 1:
+        raise PermissionDenied(
+            f"kernel.yama.ptrace_scope=1 forbids attaching to {pid} (not your child process)",
+            "run with sudo, or `sudo sysctl kernel.yama.ptrace_scope=0`"
+            + ("; in Docker add `--cap-add=SYS_PTRACE`" if in_container() else ""),
+        )
+
+
+def check_permissions(pid: int) -> None:
+    """Predict a ptrace refusal before running gdb (which would only say "not permitted")."""
+    try:
+        status = parse_status(str(_read(f"/proc/{pid}/status")))
+    except FileNotFoundError:
+        raise ProcessNotFound(f"no process with pid {pid}") from None
+    check_ptrace_allowed(status, os.geteuid(), _caller_caps(), pid)
+
+
+def _read(path: str, binary: bool = False) -> str | bytes:
+    with open(path, "rb" if binary else "r") as f:
+        return f.read()  # type: ignore[no-any-return]
+
+
+def _caller_caps() -> int:
+    try:
+        return parse_status(str(_read("/proc/self/status"))).cap_eff
+    except OSError:
+        return 0
+
+
+def target_root(pid: int) -> str:
+    """Path prefix under which the CLI sees the target's filesystem.
+
+    "/" when the target shares our mount namespace; else /proc/PID/root (a container, or just a
+    private /tmp), through which its files and its agent's socket are reachable.
+    """
+    try:
+        if os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            return "/"
+    except OSError:
+        return "/"
+    return f"/proc/{pid}/root"
+
+
+def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
+    """Everything the attach needs to know about ``pid``; raises with the fix if it cannot."""
+    if pid <= 0:
+        raise ProcessNotFound(f"invalid pid {pid}")
+    try:
+        status = parse_status(str(_read(f"/proc/{pid}/status")))
+    except FileNotFoundError:
+        raise ProcessNotFound(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise PermissionDenied(f"cannot read /proc/{pid}/status",
+                               permission_hint(ptrace_scope(), in_container())) from None
+    if status.state in ("Z", "X"):
+        raise ProcessNotFound(f"process {pid} has exited (zombie)")
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        maps = str(_read(f"/proc/{pid}/maps"))
+    except FileNotFoundError:
+        raise ProcessNotFound(f"process {pid} exited") from None
+    except PermissionError:
+        raise PermissionDenied(
+            f"process {pid} belongs to uid {status.uids[1]}; you (uid {os.geteuid()}) may not "
+            "inspect it", f"run as that user or with sudo: `sudo flight_profiler {pid}`"
+        ) from None
+    version, libpython = python_version_from(exe, maps)
+    if version is None:
+        raise NotPython(f"process {pid} ({os.path.basename(exe)}) is not a CPython interpreter")
+    if version < (3, 9):
+        raise NotPython(f"process {pid} runs Python {version[0]}.{version[1]}; "
+                        "flight_profiler supports CPython 3.9 and later")
+    if status.tracer_pid:
+        raise AttachFailed(
+            f"process {pid} is already traced by PID {status.tracer_pid} (a debugger?)",
+            f"detach that tracer first (see `ps -p {status.tracer_pid}`)",
+        )
+    if status.state in ("T", "t"):
+        raise AttachFailed(f"process {pid} is stopped (state {status.state})",
+                           f"resume it with `kill -CONT {pid}` and retry")
+    if check_permissions:
+        check_ptrace_allowed(status, os.geteuid(), _caller_caps(), pid)
+    try:
+        cmdline = str(_read(f"/proc/{pid}/cmdline")).split("\0")
+    except OSError:
+        cmdline = []
+    environ: dict[str, str] = {}
+    try:
+        for item in bytes(_read(f"/proc/{pid}/environ", binary=True)).split(b"\0"):  # type: ignore[arg-type]
+            key, sep, value = item.partition(b"=")
+            if sep:
+                environ[key.decode(errors="replace")] = value.decode(errors="replace")
+    except OSError:
+        pass
+    from flight_profiler.agent.protocol import process_start_time
+
+    try:
+        start_time = process_start_time(pid)
+    except (OSError, ValueError):
+        raise ProcessNotFound(f"process {pid} exited") from None
+    return TargetInfo(
+        pid=pid, uid=status.uids[1], state=status.state, tracer_pid=status.tracer_pid,
+        ns_pid=status.ns_pid or pid, start_time=start_time, exe=exe, version=version,
+        libpython=libpython, root=target_root(pid), cmdline=[c for c in cmdline if c],
+        environ=environ,
+    )

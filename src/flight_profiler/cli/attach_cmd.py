@@ -1,0 +1,130 @@
+"""`flight_profiler PID [--cmd "..."]`: attach, run one command (or open the shell), render."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from flight_profiler.errors import ExitCode, FlightProfilerError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from flight_profiler.api import Session
+    from flight_profiler.cli.agent_commands.base import AgentRequest
+
+METHODS = ("auto", "remote_exec", "gdb", "pyrasite")
+
+_console: Console | None = None
+
+
+def console() -> Console:
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        _console = Console()
+    return _console
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
+    """Run one parsed request on ``session`` and render it. Returns False if interrupted.
+
+    Ctrl-C during a stream sends ``cancel``: the agent removes the request's hooks and sends its
+    final result, which is still rendered.
+    """
+    client = session._client()
+    if as_json:
+        def on_event(data: dict[str, Any]) -> None:
+            _print_json({"event": data})
+    else:
+        render_event = req.render_event
+
+        def on_event(data: dict[str, Any]) -> None:
+            if render_event is not None:
+                render_event(data, console())
+            else:
+                console().print_json(json.dumps(data, default=str))
+
+    req_id = client.start(req.cmd, req.args)
+    interrupted = False
+    try:
+        result = client._read_until_done(req_id, on_event, None)
+    except KeyboardInterrupt:
+        interrupted = True
+        client.cancel(req_id)
+        sys.stderr.write("interrupted: cancelling (the agent removes its hooks)...\n")
+        try:
+            result = client.drain(req_id)
+        except KeyboardInterrupt:
+            raise
+    except FlightProfilerError:
+        if req.cmd == "detach":
+            session.close()
+        raise
+    if req.cmd == "detach":
+        session.close()
+    if as_json:
+        _print_json(result)
+    else:
+        req.render_result(result, console())
+    if req.after is not None:
+        req.after(result)
+    return not interrupted
+
+
+@click.command(name="attach")
+@click.argument("pid", type=int)
+@click.option("-c", "--cmd", "command_line", metavar="COMMAND",
+              help='Run one command and exit, e.g. --cmd "stack". Without it: interactive shell.')
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable output: events as JSON lines, then the result as one JSON "
+                   'document; errors as {"error": {...}}.')
+@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+              help="Seconds to wait for the agent to come up.")
+@click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
+              help="How to inject: auto picks sys.remote_exec (Python 3.14, same version as the "
+                   "CLI) else gdb; pyrasite only if installed.")
+@click.option("-v", "--verbose", is_flag=True, help="Say what the attach does, on stderr.")
+def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, method: str,
+           verbose: bool) -> None:
+    """Attach to the live Python process PID and run COMMAND, or open a shell.
+
+    \b
+    Examples:
+      flight_profiler 1234 --cmd stack
+      flight_profiler 1234 --cmd status --json
+      flight_profiler 1234                      (shell; type `help`)
+    """
+    from flight_profiler.api import connect
+    from flight_profiler.cli.agent_commands import HelpShown, parse
+
+    if command_line is not None:
+        # Parse before touching the target: a malformed command leaves it unharmed.
+        try:
+            req = parse(command_line)
+        except HelpShown as shown:
+            sys.exit(shown.code)
+        session = connect(pid, timeout=timeout, method=method, verbose=verbose)
+        try:
+            completed = execute(session, req, as_json)
+        finally:
+            session.close()
+        if not completed:
+            sys.exit(ExitCode.INTERRUPTED)
+        return
+    from flight_profiler.cli.shell import run_shell
+
+    session = connect(pid, timeout=timeout, method=method, verbose=verbose)
+    try:
+        run_shell(session, as_json)
+    finally:
+        session.close()

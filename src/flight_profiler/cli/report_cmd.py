@@ -1,0 +1,66 @@
+"""``flight_profiler report FILE...``: diagnose traces, snapshots and censuses (offline, no torch)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from flight_profiler.errors import BadInputFile, FindingsThreshold
+
+_EPILOG = """\b
+Inputs are recognised by content: Chrome traces (.json, .json.gz, TensorBoard
+profiler directories), memory snapshot pickles (loaded without running code),
+tensor censuses. Several snapshots/censuses of one process are compared over time.
+
+\b
+Examples:
+  flight_profiler report trace.json.gz
+  flight_profiler report logs/profiler/ --format html -o report.html
+  flight_profiler report snap1.pickle snap2.pickle census*.json --json
+  flight_profiler report trace.json.gz --fail-on warning   (CI: exit 9 on findings)
+
+\b
+Exit codes: 0 done (some files may be unreadable: they are listed), 8 no input
+could be read, 9 a finding reached --fail-on, 2 usage. Rules: docs/report-rules.md.
+"""
+
+
+@click.command("report", epilog=_EPILOG)
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]),
+              help="Output format (default: tables in the terminal; with -o, from its extension).")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False),
+              help="Write the report to this file instead of the terminal.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--fail-on", type=click.Choice(["info", "warning", "critical"]),
+              help="Exit with code 9 when a finding of this severity or worse is found.")
+def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json: bool,
+           fail_on: str | None) -> None:
+    """Diagnose FILE... against the known PyTorch problem patterns."""
+    from flight_profiler.report import analyze
+
+    if as_json:
+        fmt = "json"
+    result = analyze(list(files))
+    for bad in result.errors:
+        click.echo(f"warning: {bad.path}: {bad.error}", err=True)
+    if not result.readable:
+        names = ", ".join(b.path for b in result.errors) or "no input"
+        raise BadInputFile(f"no input could be read ({names})",
+                           "Pass Chrome traces (.json/.json.gz), snapshot pickles or tensor census files.")
+    if output:
+        written = result.write(output, fmt)
+        click.echo(f"wrote {written} report to {output}", err=True)
+    elif fmt:
+        sys.stdout.write(result.render(fmt))
+    else:
+        from flight_profiler.render.report_terminal import print_report
+
+        print_report(result)
+    if fail_on and result.reaches(fail_on):
+        n = sum(1 for f in result.findings
+                if ["info", "warning", "critical"].index(f.severity)
+                >= ["info", "warning", "critical"].index(fail_on))
+        raise FindingsThreshold(f"{n} finding(s) at or above {fail_on} (--fail-on {fail_on})",
+                                "See the report above; fix them or raise --fail-on.")

@@ -1,0 +1,122 @@
+"""The interactive shell: `flight_profiler PID` without --cmd. Same session, same commands."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from flight_profiler.errors import AgentLost, FlightProfilerError
+
+if TYPE_CHECKING:
+    from flight_profiler.api import Session
+
+HISTORY = os.path.join(os.path.expanduser("~"), ".flight_profiler_history")
+_QUIT = {"quit", "exit", "q"}
+
+
+def _setup_readline() -> object | None:
+    try:
+        import readline
+    except ImportError:  # e.g. a Python built without it: plain input() still works
+        return None
+    with contextlib.suppress(OSError):
+        readline.read_history_file(HISTORY)
+    readline.set_history_length(1000)
+    return readline
+
+
+def _save_history(readline: object | None) -> None:
+    if readline is None:
+        return
+    with contextlib.suppress(OSError):
+        readline.write_history_file(HISTORY)  # type: ignore[attr-defined]
+
+
+def help_text(topic: str | None = None) -> str:
+    """`help` lists the commands; `help CMD` shows that command's --help."""
+    from flight_profiler.cli.agent_commands import COMMANDS, SUMMARIES, load
+
+    if topic:
+        if topic not in COMMANDS:
+            raise FlightProfilerError(f"no command {topic!r}", "type `help` for the list")
+        import click
+
+        command = load(topic)
+        with click.Context(command, info_name=topic) as ctx:
+            return command.get_help(ctx)
+    width = max(len(name) for name in COMMANDS)
+    lines = ["Commands (`help CMD` or `CMD --help` for details):"]
+    for name in COMMANDS:
+        lines.append(f"  {name.ljust(width)}  {SUMMARIES.get(name, '')}")
+    lines.append(f"  {'help'.ljust(width)}  this list")
+    lines.append(f"  {'quit'.ljust(width)}  leave the shell (the agent stays until `detach`)")
+    return "\n".join(lines)
+
+
+def handle_line(session: Session, line: str, as_json: bool) -> bool:
+    """Run one shell line. Returns False when the shell should end."""
+    from flight_profiler.cli.agent_commands import HelpShown, parse
+    from flight_profiler.cli.attach_cmd import execute
+
+    words = line.strip().split(None, 1)
+    if not words:
+        return True
+    if words[0] in _QUIT:
+        return False
+    if words[0] in ("help", "?"):
+        topic = " ".join(shlex.split(words[1])) if len(words) > 1 else None
+        print(help_text(topic))
+        return True
+    try:
+        req = parse(line)
+    except HelpShown:
+        return True
+    execute(session, req, as_json)
+    return session.client is not None  # `detach` ends the session
+
+
+def print_error(err: FlightProfilerError, as_json: bool) -> None:
+    """One line per error in the shell (the hint in parentheses), then the prompt again."""
+    if as_json:
+        from flight_profiler.cli.output import print_error as print_json_error
+
+        print_json_error(err, True)
+        return
+    hint = f" (hint: {err.hint})" if err.hint else ""
+    print(f"error: {err.message}{hint}", file=sys.stderr)
+
+
+def run_shell(session: Session, as_json: bool = False) -> None:
+    readline = _setup_readline()
+    interactive = sys.stdin.isatty()
+    if interactive:
+        hello = session.hello
+        print(f"flight_profiler: attached to pid {session.pid} (Python {hello.get('python')}, "
+              f"agent {hello.get('agent_version')}). Type `help`, `quit` to leave.")
+    prompt = f"fp {session.pid}> " if interactive else ""
+    try:
+        while True:
+            try:
+                line = input(prompt)
+            except EOFError:
+                if interactive:
+                    print()
+                break
+            except KeyboardInterrupt:
+                print()
+                continue
+            try:
+                if not handle_line(session, line, as_json):
+                    break
+            except KeyboardInterrupt:
+                print("interrupted", file=sys.stderr)
+            except AgentLost as err:
+                print_error(err, as_json)
+                break
+            except FlightProfilerError as err:
+                print_error(err, as_json)
+    finally:
+        _save_history(readline)

@@ -1,0 +1,195 @@
+"""The CLI side of the wire: connect, handshake, request/stream/cancel, errors -> exceptions."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any, Callable
+
+from flight_profiler import __version__
+from flight_profiler.agent import protocol
+from flight_profiler.errors import AgentLost, AttachFailed, FlightProfilerError, from_remote
+
+EventHandler = Callable[[dict[str, Any]], None]
+
+# After Ctrl-C the agent removes the request's hooks and sends the final result; wait this long.
+CANCEL_GRACE = 3.0
+
+
+class NoAgent(Exception):
+    """Nothing (usable) answers at the socket path; the caller may inject."""
+
+
+class AgentBusy(Exception):
+    """An agent is listening but did not say hello in time (e.g. a thread hogs the GIL).
+
+    Injecting again would not help: the caller should wait longer or give up."""
+
+
+class AgentClient:
+    def __init__(self, sock: socket.socket, hello: dict[str, Any], path: str) -> None:
+        self.sock = sock
+        self.hello = hello
+        self.path = path
+        self._ids = itertools.count(1)
+
+    @classmethod
+    def connect(cls, path: str, pid: int, start_time: int, timeout: float = 5.0) -> AgentClient:
+        """Connect and handshake; raise NoAgent if no live agent of THIS process answers.
+
+        A socket file whose agent is gone (ECONNREFUSED), or whose hello names another process
+        (a reused pid), is stale: it is removed so the next attach starts clean.
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except FileNotFoundError:
+            sock.close()
+            raise NoAgent("no agent socket") from None
+        except OSError as exc:
+            sock.close()
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOTSOCK):
+                _remove_stale(path)
+                raise NoAgent(f"stale agent socket removed ({exc.strerror})") from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                from flight_profiler.errors import PermissionDenied
+
+                raise PermissionDenied(f"cannot connect to the agent at {path}: {exc.strerror}",
+                                       "run as the target's user or as root") from None
+            raise NoAgent(f"cannot connect: {exc}") from None
+        try:
+            protocol.send(sock, {"type": "hello", "protocol": protocol.PROTOCOL_VERSION,
+                                 "client": f"flight_profiler {__version__}"})
+            hello = protocol.recv(sock)
+        except socket.timeout:
+            sock.close()
+            raise AgentBusy(f"the agent accepted the connection but did not answer within "
+                            f"{timeout:.1f}s") from None
+        except (OSError, protocol.ProtocolError) as exc:
+            sock.close()
+            raise NoAgent(f"agent did not complete the handshake: {exc}") from None
+        if hello is None or hello.get("type") != "hello":
+            sock.close()
+            raise NoAgent("agent closed the connection during the handshake")
+        if hello.get("start_time") != start_time:
+            sock.close()
+            # Another process with this pid (an earlier one, or one in another pid namespace
+            # sharing /tmp) answers: never trust it, and leave its socket alone.
+            raise NoAgent("the agent at this socket belongs to another process with the same pid")
+        if hello.get("pid") != pid:
+            sock.close()
+            raise NoAgent(f"agent reports pid {hello.get('pid')}, expected {pid}")
+        if hello.get("protocol") != protocol.PROTOCOL_VERSION:
+            sock.close()
+            raise AttachFailed(
+                f"the agent in the target speaks protocol {hello.get('protocol')}, this CLI "
+                f"speaks {protocol.PROTOCOL_VERSION}",
+                "detach it with the flight_profiler version that attached it, then retry",
+            )
+        sock.settimeout(None)
+        return cls(sock, hello, path)
+
+    # -- requests --------------------------------------------------------------------------------
+    def request(self, cmd: str, args: dict[str, Any] | None = None,
+                on_event: EventHandler | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Send one request; call ``on_event`` per streamed event; return the result data.
+
+        KeyboardInterrupt sends ``cancel``, waits up to CANCEL_GRACE for the final result (the
+        agent has removed the hooks by then) and re-raises.
+        """
+        req_id = self.start(cmd, args)
+        try:
+            return self._read_until_done(req_id, on_event, timeout)
+        except KeyboardInterrupt:
+            self.cancel(req_id)
+            with contextlib.suppress(FlightProfilerError, KeyboardInterrupt):
+                self._read_until_done(req_id, None, CANCEL_GRACE)
+            raise
+
+    def start(self, cmd: str, args: dict[str, Any] | None = None) -> int:
+        req_id = next(self._ids)
+        self._send({"type": "request", "id": req_id, "cmd": cmd, "args": args or {}})
+        return req_id
+
+    def messages(self, req_id: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """("event", data)* then ("result", data); an error reply raises."""
+        while True:
+            events: list[dict[str, Any]] = []
+            result = self._read_one(req_id, events.append)
+            for data in events:
+                yield "event", data
+            if result is not None:
+                yield "result", result
+                return
+
+    def drain(self, req_id: int, timeout: float = CANCEL_GRACE) -> dict[str, Any]:
+        """After a cancel: skip events until the final result."""
+        return self._read_until_done(req_id, None, timeout)
+
+    def cancel(self, req_id: int) -> None:
+        with contextlib.suppress(AgentLost):
+            self._send({"type": "cancel", "id": req_id})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            protocol.send(self.sock, message)
+        except OSError as exc:
+            raise AgentLost(f"lost the connection to the agent: {exc}") from None
+
+    def _read_until_done(self, req_id: int, on_event: EventHandler | None,
+                         timeout: float | None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            result = self._read_one(req_id, on_event, deadline)
+            if result is not None:
+                return result
+
+    def _read_one(self, req_id: int, on_event: EventHandler | None,
+                  deadline: float | None = None) -> dict[str, Any] | None:
+        """Read one message of ``req_id``: the result data, or None after an event."""
+        while True:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AgentLost("the agent did not answer in time",
+                                    "the target may be stuck holding the GIL; retry later")
+                self.sock.settimeout(left)
+            try:
+                message = protocol.recv(self.sock)
+            except socket.timeout:
+                raise AgentLost("the agent did not answer in time",
+                                "the target may be stuck holding the GIL; retry later") from None
+            except (OSError, protocol.ProtocolError) as exc:
+                raise AgentLost(f"lost the connection to the agent: {exc}") from None
+            finally:
+                if deadline is not None:
+                    self.sock.settimeout(None)
+            if message is None:
+                raise AgentLost("the agent closed the connection (did the target exit?)")
+            if message.get("id") != req_id:
+                continue
+            kind = message.get("type")
+            if kind == "event":
+                if on_event is not None:
+                    on_event(message.get("data") or {})
+                return None
+            if kind == "result":
+                data = message.get("data")
+                return data if isinstance(data, dict) else {"value": data}
+            if kind == "error":
+                raise from_remote(message.get("error") or {})
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _remove_stale(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,161 @@
+"""The diagnosis' written outputs: the report (md, json, html) with the workflow's own sections,
+and diagnose.json (phases, timings, skips, the cost spread and where the time goes).
+
+The report itself comes from the report engine (``flight_profiler.report.analyze``) over every
+artefact the phases wrote; the before/after census and snapshot pairs are passed together so
+that the engine sees growth. The workflow's sections are appended to its Markdown and HTML views
+and added under ``"diagnose"`` in its JSON, so one file tells the whole story.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from typing import Any
+
+from flight_profiler.diagnose.model import FAILED, OK, SKIPPED, DiagnoseResult, PhaseResult
+
+REPORT_FILES = {"md": "report.md", "json": "report.json", "html": "report.html"}
+DIAGNOSE_JSON = "diagnose.json"
+
+
+def write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def build_report(result: DiagnoseResult) -> PhaseResult:
+    """Analyse the artefacts and write report.{md,json,html} into the output directory."""
+    phase = PhaseResult("report", "Report", started=time.time())
+    started = time.monotonic()
+    paths = [f for f in result.artefacts if os.path.exists(f)]
+    try:
+        if not paths:
+            phase.status, phase.reason = SKIPPED, "no artefact was written to analyse"
+            return phase
+        from flight_profiler.report import analyze
+
+        report = analyze(paths)
+        result.report = report
+        out = result.options.out_dir
+        extra = result_sections(result)
+        data = report.to_dict()
+        data["diagnose"] = extra
+        texts = {
+            "json": json.dumps(data, indent=2, default=str) + "\n",
+            "md": report.to_markdown().rstrip("\n") + "\n\n" + sections_markdown(extra),
+            "html": _inject_html(report.to_html(), sections_html(extra)),
+        }
+        for fmt, name in REPORT_FILES.items():
+            path = os.path.join(out, name)
+            write_atomic(path, texts[fmt])
+            result.outputs[fmt] = path
+        phase.files = [os.path.join(out, n) for n in REPORT_FILES.values()]
+        phase.data = {"inputs": len(paths), "findings": len(report.findings)}
+    except ImportError as exc:
+        phase.status, phase.reason = FAILED, f"the report engine is not available ({exc})"
+    except Exception as exc:  # a bug in analysis must not lose the artefacts already written
+        phase.status, phase.reason = FAILED, f"{type(exc).__name__}: {exc}"
+    finally:
+        phase.seconds = time.monotonic() - started
+    return phase
+
+
+def write_diagnose_json(result: DiagnoseResult) -> str:
+    path = os.path.join(result.options.out_dir, DIAGNOSE_JSON)
+    data = result.to_dict()
+    data["sections"] = result_sections(result)
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+    result.outputs["diagnose"] = path
+    return path
+
+
+# -- the workflow's own sections --------------------------------------------------------------
+def result_sections(result: DiagnoseResult) -> dict[str, Any]:
+    target = result.options.target
+    watch = result.phase("watch")
+    trace = result.phase("trace")
+    return {
+        "target": target.words if target else None,
+        "phases": [{"name": p.name, "title": p.title, "status": p.status, "reason": p.reason,
+                    "seconds": round(p.seconds, 3), "command": p.command}
+                   for p in result.phases],
+        "cost": watch.data.get("cost") if watch else None,
+        "where_time_goes": trace.data.get("where_time_goes") if trace else None,
+    }
+
+
+def _status_text(status: str) -> str:
+    return {OK: "ok", SKIPPED: "skipped", FAILED: "failed"}.get(status, status.replace("_", " "))
+
+
+def sections_markdown(extra: dict[str, Any]) -> str:
+    target = extra.get("target") or "(time window)"
+    lines = [f"## Diagnose workflow: `{target}`", "",
+             "| phase | status | seconds | note |", "|---|---|---:|---|"]
+    for p in extra["phases"]:
+        note = p["reason"] or (f"`{p['command']}`" if p["command"] else "")
+        note = note.replace("|", "\\|")
+        lines.append(f"| {p['title']} | {_status_text(p['status'])} | {p['seconds']:.2f} | {note} |")
+    cost = extra.get("cost")
+    if cost and cost.get("calls"):
+        lines += ["", f"### Cost per call over {cost['calls']} calls", "",
+                  f"{cost['verdict']}.", "",
+                  "| mean | median | p90 | min | max | stdev |", "|---:|---:|---:|---:|---:|---:|",
+                  f"| {cost['mean_ms']:.3f} ms | {cost['median_ms']:.3f} ms | {cost['p90_ms']:.3f} ms "
+                  f"| {cost['min_ms']:.3f} ms | {cost['max_ms']:.3f} ms | {cost['stdev_ms']:.3f} ms |"]
+    where = extra.get("where_time_goes")
+    if where and where.get("calls"):
+        lines += ["", f"### Where the time goes (inclusive, over {where['calls']} traced calls)", "",
+                  f"Mean {where['mean_ms']:.3f} ms per call; {where['self_pct']:.0f}% in the "
+                  "method's own lines.", "",
+                  "| callee | depth | calls | total ms | share |", "|---|---:|---:|---:|---:|"]
+        for row in where["top"]:
+            name = str(row["name"]).replace("|", "\\|")
+            indent = "&nbsp;&nbsp;" * (row["depth"] - 1)
+            lines.append(f"| {indent}`{name}` | {row['depth']} | {row['calls']} | {row['total_ms']:.3f} "
+                         f"| {row['share_pct']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def sections_html(extra: dict[str, Any]) -> str:
+    e = html.escape
+    target = extra.get("target") or "(time window)"
+    rows = "".join(
+        f"<tr><td>{e(p['title'])}</td><td>{e(_status_text(p['status']))}</td>"
+        f"<td>{p['seconds']:.2f}</td><td>{e(p['reason'] or p['command'])}</td></tr>"
+        for p in extra["phases"])
+    parts = [f"<section id=\"diagnose\"><h2>Diagnose workflow: <code>{e(target)}</code></h2>",
+             "<table><tr><th>phase</th><th>status</th><th>seconds</th><th>note</th></tr>",
+             rows, "</table>"]
+    cost = extra.get("cost")
+    if cost and cost.get("calls"):
+        cells = "".join(f"<td>{cost[k]:.3f} ms</td>" for k in
+                        ("mean_ms", "median_ms", "p90_ms", "min_ms", "max_ms", "stdev_ms"))
+        parts += [f"<h3>Cost per call over {cost['calls']} calls</h3><p>{e(cost['verdict'])}.</p>",
+                  "<table><tr><th>mean</th><th>median</th><th>p90</th><th>min</th><th>max</th>"
+                  f"<th>stdev</th></tr><tr>{cells}</tr></table>"]
+    where = extra.get("where_time_goes")
+    if where and where.get("calls"):
+        body = "".join(
+            f"<tr><td style=\"padding-left:{r['depth'] - 1}em\"><code>{e(str(r['name']))}</code></td><td>{r['depth']}</td><td>{r['calls']}</td>"
+            f"<td>{r['total_ms']:.3f}</td><td>{r['share_pct']:.1f}%</td></tr>" for r in where["top"])
+        parts += [f"<h3>Where the time goes (over {where['calls']} traced calls)</h3>",
+                  f"<p>Mean {where['mean_ms']:.3f} ms per call; {where['self_pct']:.0f}% in the "
+                  "method's own lines.</p>",
+                  "<table><tr><th>callee</th><th>depth</th><th>calls</th><th>total ms</th>"
+                  f"<th>share</th></tr>{body}</table>"]
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _inject_html(page: str, section: str) -> str:
+    marker = page.lower().rfind("</body>")
+    if marker < 0:
+        return page + "\n" + section + "\n"
+    return page[:marker] + section + "\n" + page[marker:]

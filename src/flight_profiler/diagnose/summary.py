@@ -1,0 +1,70 @@
+"""The terminal summary of a diagnosis (rich) and its --json form; no analysis here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from flight_profiler.diagnose.model import OK, DiagnoseResult
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+def ranked_findings(result: DiagnoseResult) -> list[Any]:
+    """Findings worst first (stable: the engine's own order within a severity)."""
+    findings = list(result.report.findings) if result.report is not None else []
+    return sorted(findings, key=lambda f: -_RANK.get(f.severity, 0))
+
+
+def to_json(result: DiagnoseResult, exit_code: int) -> dict[str, Any]:
+    data = result.to_dict()
+    data["findings"] = [f.to_dict() for f in ranked_findings(result)]
+    data["exit_code"] = exit_code
+    return data
+
+
+def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
+    from rich.markup import escape
+
+    o = result.options
+    target = o.target.words if o.target else "a time window"
+    console.print(f"[bold]flight_profiler diagnose[/bold] pid {o.pid}, {escape(target)} "
+                  f"({result.finished - result.started:.1f}s)", highlight=False)
+    not_ok = [p for p in result.phases if p.status != OK]
+    for p in not_ok:
+        console.print(f"  [dim]{escape(p.title)}: {p.status.replace('_', ' ')}: "
+                      f"{escape(p.reason)}[/dim]", highlight=False)
+    findings = ranked_findings(result)
+    if result.report is None:
+        console.print("[red]no report[/red] (see the phases above)")
+    elif not findings:
+        console.print("[green]No problem found.[/green]")
+    else:
+        console.print(f"\n[bold]{len(findings)} finding(s)[/bold], worst first:")
+        for f in findings[:top]:
+            style = _STYLE.get(f.severity, "")
+            console.print(f"\n[{style}]{f.severity.upper()}[/{style}] [bold]{escape(f.title)}[/bold] "
+                          f"[dim]({escape(f.rule)})[/dim]", highlight=False)
+            if f.summary:
+                console.print(f"  {escape(f.summary)}", highlight=False)
+            for line in f.evidence[:3]:
+                console.print(f"  - {escape(line)}", highlight=False)
+            for line in f.where[:2]:
+                console.print(f"  [dim]where:[/dim] {escape(line)}", highlight=False)
+            if f.fix:
+                console.print(f"  [green]fix:[/green] {escape(f.fix[0])}", highlight=False)
+        if len(findings) > top:
+            console.print(f"\n... and {len(findings) - top} more in the report")
+    watch = result.phase("watch")
+    cost = (watch.data.get("cost") if watch is not None else None) or {}
+    if cost.get("calls"):
+        console.print(f"\ncost of {escape(o.target.label if o.target else '?')}: median "
+                      f"{cost['median_ms']:.3f} ms, p90 {cost['p90_ms']:.3f} ms over "
+                      f"{cost['calls']} calls ({escape(cost['verdict'])})", highlight=False)
+    console.print(f"\nreport and artefacts: {escape(o.out_dir)}", highlight=False)
+    for fmt in ("md", "html", "json"):
+        if fmt in result.outputs:
+            console.print(f"  {escape(result.outputs[fmt])}", highlight=False)

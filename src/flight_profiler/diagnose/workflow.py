@@ -1,0 +1,367 @@
+"""The diagnosis a careful engineer would run by hand, as one sequence of small phases.
+
+``run_diagnosis(driver, options, progress) -> DiagnoseResult``: plain data in and out. Each phase
+is a function ``(run, phase) -> None`` that issues command lines exactly as a user types them,
+fills ``phase.data`` / ``phase.files``, and raises :class:`Skip` when it cannot run (no CUDA,
+torch not imported, no method given, the method not called in time). A phase that fails or is
+skipped never stops the others; only a target that does not exist (a typo in the module or
+method) ends the diagnosis, since every later phase would fail the same way.
+
+Order matters: the "before" snapshot and census come first, the "after" ones last with at least
+``options.duration`` seconds of the job running in between, so that the report engine can see
+growth; the profile comes before watch/trace so that their hooks cannot distort it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from flight_profiler.diagnose import stats
+from flight_profiler.diagnose.driver import Driver, PhaseTimeout
+from flight_profiler.diagnose.model import (
+    FAILED,
+    OK,
+    SKIPPED,
+    TIMED_OUT,
+    DiagnoseOptions,
+    DiagnoseResult,
+    PhaseResult,
+)
+from flight_profiler.diagnose.progress import NullProgress, Progress
+from flight_profiler.errors import FlightProfilerError, TorchMissing
+
+TRACE_DEPTH = 4
+# The driver cancels a command this long after the limit the command itself was given.
+BACKSTOP_S = 15.0
+
+
+def calls_seen(event: dict[str, Any], seen: int) -> int:
+    """Calls observed so far, from a streamed event (watch/trace: one per call; torch commands:
+    progress events carrying ``calls_done``)."""
+    done = event.get("calls_done")
+    if isinstance(done, int) and not isinstance(done, bool):
+        return done
+    if event.get("type") in ("call", "trace"):
+        return seen + 1
+    return seen
+
+
+class Skip(Exception):
+    """The phase cannot run here; the message says why (shown as the reason)."""
+
+
+class TargetUnusable(Exception):
+    """The method cannot be hooked at all (typo, not found): the diagnosis stops here."""
+
+    def __init__(self, error: FlightProfilerError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass
+class Run:
+    """What the phases share: the driver, options, progress and what earlier phases learnt."""
+
+    driver: Driver
+    options: DiagnoseOptions
+    progress: Progress
+    torch_imported: bool | None = None
+    cuda: bool | None = None
+    method_called: bool | None = None  # None: no method given or not checked yet
+    census_before_at: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.options.out_dir, name)
+
+    def command(self, phase: PhaseResult, line: str, timeout: float | None = None,
+                expect_calls: int | None = None) -> dict[str, Any]:
+        """Run ``line`` for ``phase``, showing what it waits for.
+
+        Commands that wait for calls get ``--timeout`` themselves (the agent then stops cleanly
+        and says how many calls it saw); the driver's own deadline is only a backstop for an
+        agent that does not answer at all.
+        """
+        phase.command = line
+        target = self.options.target
+        seen = [0]
+        if expect_calls and target is not None:
+            self.progress.waiting(f"waiting for {target.label} to be called: 0 of {expect_calls} calls")
+
+        def on_event(data: dict[str, Any]) -> None:
+            seen[0] = calls_seen(data, seen[0])
+            phase.data.setdefault("events", []).append(data)
+            if expect_calls and target is not None:
+                self.progress.waiting(f"waiting for {target.label} to be called: "
+                                      f"{min(seen[0], expect_calls)} of {expect_calls} calls")
+
+        limit = self.options.timeout if timeout is None else timeout
+        return self.driver.run(line, on_event, limit + BACKSTOP_S)
+
+    def require_torch(self) -> None:
+        if self.torch_imported is False:
+            raise Skip("the target has not imported torch")
+
+    def require_cuda(self, what: str) -> None:
+        self.require_torch()
+        if not self.cuda:
+            raise Skip(f"no CUDA in the target: {what} covers CUDA memory only")
+
+    def require_method(self) -> None:
+        if self.options.target is None:
+            raise Skip("no method given (pass `module [class] method` to observe its calls)")
+        if self.method_called is False:
+            raise Skip(f"{self.options.target.label} was not called within "
+                       f"{self.options.timeout:g}s")
+
+
+# -- phases -----------------------------------------------------------------------------------
+def phase_status(run: Run, phase: PhaseResult) -> None:
+    data = run.command(phase, "status")
+    torch = data.get("torch") or {}
+    run.torch_imported = bool(torch.get("imported"))
+    run.cuda = bool(torch.get("cuda_available")) if run.torch_imported else False
+    phase.data.update({"python": (data.get("python") or {}).get("version"),
+                       "torch": torch.get("version"), "torch_imported": run.torch_imported,
+                       "cuda": run.cuda})
+
+
+def phase_locate(run: Run, phase: PhaseResult) -> None:
+    """One watched call: proves the method exists and is being called before the long phases."""
+    run.require_method()
+    target = run.options.target
+    assert target is not None
+    t = run.options.timeout
+    try:
+        result = run.command(phase, f"watch {target.words} --expr cost -n 1 --timeout {t:g}",
+                             expect_calls=1)
+    except PhaseTimeout:
+        run.method_called = False
+        raise
+    except FlightProfilerError as exc:
+        raise TargetUnusable(exc) from None
+    costs = [c for c in (stats.cost_ms(e) for e in phase.data.get("events", [])) if c is not None]
+    run.method_called = bool(costs) or bool(result.get("matched"))
+    phase.data["resolved"] = result.get("target")
+    if not run.method_called:
+        raise Skip(f"{target.label} was not called within {t:g}s: the phases that observe its "
+                   "calls are skipped")
+    phase.data["first_call_ms"] = round(costs[0], 4) if costs else None
+
+
+def phase_memory(run: Run, phase: PhaseResult) -> None:
+    run.require_torch()
+    result = run.command(phase, "torch memory")
+    phase.data["summary"] = result
+
+
+def _snapshot(run: Run, phase: PhaseResult, name: str) -> None:
+    run.require_cuda("a memory snapshot")
+    path = run.path(name)
+    run.command(phase, f"torch memory -s -f {path}")
+    _expect_file(phase, path)
+
+
+def phase_snapshot_before(run: Run, phase: PhaseResult) -> None:
+    _snapshot(run, phase, "snapshot-before.pickle")
+
+
+def phase_snapshot_after(run: Run, phase: PhaseResult) -> None:
+    _snapshot(run, phase, "snapshot-after.pickle")
+
+
+def phase_census_before(run: Run, phase: PhaseResult) -> None:
+    run.require_torch()
+    path = run.path("census-before.json")
+    result = run.command(phase, f"torch tensors -f {path}")
+    run.census_before_at = time.monotonic()
+    _expect_file(phase, path)
+    phase.data["totals"] = result.get("totals")
+
+
+def phase_profile(run: Run, phase: PhaseResult) -> None:
+    run.require_torch()
+    o = run.options
+    path = run.path("profile.json.gz")
+    if o.target is not None and run.method_called:
+        # A schedule marks each call as a ProfilerStep (per-step figures in the report); its one
+        # warm-up call keeps first-call effects out of the trace.
+        line = (f"torch profile {o.target.words} --schedule 0,1,{o.calls} -f {path} "
+                f"--profile-memory --with-stack --timeout {o.timeout:g}")
+        result = run.command(phase, line, expect_calls=o.calls + 1)
+        phase.data["mode"] = f"next {o.calls} calls of {o.target.label} (after 1 warm-up call)"
+        _note_partial(phase, result, o.calls + 1)
+    else:
+        run.progress.waiting(f"profiling a {o.duration:g}s window")
+        line = f"torch profile --duration {o.duration:g} -f {path} --profile-memory --with-stack"
+        run.command(phase, line, timeout=o.duration + o.timeout)
+        why = "no method given" if o.target is None else f"{o.target.label} was not called"
+        phase.data["mode"] = f"{o.duration:g}s window ({why})"
+    _expect_file(phase, path)
+
+
+def phase_record(run: Run, phase: PhaseResult) -> None:
+    run.require_method()
+    run.require_cuda("allocation recording")
+    o = run.options
+    assert o.target is not None
+    path = run.path("record.pickle")
+    result = run.command(phase, f"torch memory -r {o.target.words} -n {o.calls} -f {path} "
+                                f"--timeout {o.timeout:g}", expect_calls=o.calls)
+    _note_partial(phase, result, o.calls)
+    _expect_file(phase, path)
+
+
+def phase_watch(run: Run, phase: PhaseResult) -> None:
+    run.require_method()
+    o = run.options
+    assert o.target is not None
+    try:
+        result = run.command(phase, f"watch {o.target.words} --expr cost -n {o.calls} "
+                                    f"--timeout {o.timeout:g}", expect_calls=o.calls)
+    except PhaseTimeout as exc:
+        # Some calls may have been seen: their spread is still worth reporting.
+        _summarise_watch(phase, exc.partial or {})
+        raise
+    _summarise_watch(phase, result)
+    _note_partial(phase, {"calls_recorded": phase.data["cost"].get("calls", 0)}, o.calls)
+
+
+def _note_partial(phase: PhaseResult, result: dict[str, Any], wanted: int) -> None:
+    """Fewer calls than asked within the time limit: keep what was seen, and say so."""
+    got = result.get("calls_recorded")
+    if isinstance(got, int) and got < wanted:
+        phase.data["partial"] = f"{got} of {wanted} calls within the time limit"
+
+
+def _summarise_watch(phase: PhaseResult, result: dict[str, Any]) -> None:
+    events = phase.data.pop("events", [])
+    costs = [c for c in (stats.cost_ms(e) for e in events) if c is not None]
+    if not costs:
+        for key in ("calls", "events", "records"):
+            if isinstance(result.get(key), list):
+                costs = [c for c in (stats.cost_ms(e) for e in result[key]) if c is not None]
+                break
+    phase.data["cost"] = stats.spread(costs)
+    phase.data["costs_ms"] = [round(c, 4) for c in costs]
+
+
+def phase_trace(run: Run, phase: PhaseResult) -> None:
+    run.require_method()
+    o = run.options
+    assert o.target is not None
+    try:
+        # -i 0.01: keep callees down to 10 us so that small Python-level costs still add up.
+        result = run.command(phase, f"trace {o.target.words} -n {o.calls} -i 0.01 -d {TRACE_DEPTH} "
+                                    f"--timeout {o.timeout:g}", expect_calls=o.calls)
+    except PhaseTimeout as exc:
+        _summarise_trace(phase, exc.partial or {})
+        raise
+    _summarise_trace(phase, result)
+
+
+def _summarise_trace(phase: PhaseResult, result: dict[str, Any]) -> None:
+    events = phase.data.pop("events", [])
+    roots = stats.call_trees(events) or stats.call_trees([result])
+    phase.data["where_time_goes"] = stats.where_time_goes(roots, depth=TRACE_DEPTH)
+    calls = len(roots)
+    if calls == 0:
+        raise Skip("no traced call arrived within the time limit")
+
+
+def phase_census_after(run: Run, phase: PhaseResult) -> None:
+    run.require_torch()
+    o = run.options
+    if run.census_before_at:
+        # Growth needs time: let the job run at least `duration` seconds between the censuses.
+        left = o.duration - (time.monotonic() - run.census_before_at)
+        if left > 0:
+            run.progress.waiting(f"letting the job run {left:.0f}s more to measure growth")
+            time.sleep(left)
+    path = run.path("census-after.json")
+    before = run.path("census-before.json")
+    line = f"torch tensors -f {path}" + (f" --diff {before}" if os.path.exists(before) else "")
+    result = run.command(phase, line)
+    _expect_file(phase, path)
+    phase.data["totals"] = result.get("totals")
+    if run.census_before_at:
+        phase.data["seconds_since_before"] = round(time.monotonic() - run.census_before_at, 2)
+
+
+def _expect_file(phase: PhaseResult, path: str) -> None:
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        raise FlightProfilerError(f"the agent reported success but {path} is missing or empty")
+    phase.files.append(path)
+
+
+PhaseFn = Callable[[Run, PhaseResult], None]
+
+PHASES: list[tuple[str, str, PhaseFn]] = [
+    ("status", "Check the target (torch, CUDA)", phase_status),
+    ("locate", "Find the method and wait for a call", phase_locate),
+    ("memory", "Memory state", phase_memory),
+    ("snapshot-before", "Memory snapshot (before)", phase_snapshot_before),
+    ("census-before", "Tensor census (before)", phase_census_before),
+    ("profile", "Profile with memory", phase_profile),
+    ("record", "Record allocations during the method", phase_record),
+    ("watch", "Watch the method's cost", phase_watch),
+    ("trace", "Trace where the time goes", phase_trace),
+    ("census-after", "Tensor census (after)", phase_census_after),
+    ("snapshot-after", "Memory snapshot (after)", phase_snapshot_after),
+]
+
+
+def _run_phase(run: Run, name: str, title: str, fn: PhaseFn) -> PhaseResult:
+    phase = PhaseResult(name, title, started=time.time())
+    started = time.monotonic()
+    try:
+        fn(run, phase)
+    except Skip as exc:
+        phase.status, phase.reason = SKIPPED, str(exc)
+    except PhaseTimeout as exc:
+        target = run.options.target
+        calls = exc.events
+        what = f"{target.label} was called {calls} time(s) in" if target else "no answer within"
+        phase.status = TIMED_OUT
+        phase.reason = f"{what} {run.options.timeout:g}s; cancelled (its hooks are removed)"
+    except TorchMissing as exc:
+        run.torch_imported = False
+        phase.status, phase.reason = SKIPPED, exc.message
+    except FlightProfilerError as exc:
+        phase.status, phase.reason = FAILED, exc.message + (f" ({exc.hint})" if exc.hint else "")
+    phase.data.pop("events", None)
+    if phase.status == OK and phase.data.get("partial"):
+        phase.reason = f"partial: {phase.data['partial']}"
+    phase.seconds = time.monotonic() - started
+    return phase
+
+
+def run_diagnosis(driver: Driver, options: DiagnoseOptions,
+                  progress: Progress | None = None) -> DiagnoseResult:
+    """Run every phase against the live target; the report is built by :func:`finish`."""
+    progress = progress or NullProgress()
+    os.makedirs(options.out_dir, exist_ok=True)
+    result = DiagnoseResult(options)
+    run = Run(driver, options, progress)
+    total = len(PHASES) + 1  # + the report
+    for index, (name, title, fn) in enumerate(PHASES, 1):
+        progress.phase(index, total, title)
+        try:
+            phase = _run_phase(run, name, title, fn)
+        except TargetUnusable as exc:
+            progress.close()
+            raise exc.error from None
+        result.phases.append(phase)
+        progress.done(phase)
+    from flight_profiler.diagnose.outputs import build_report, write_diagnose_json
+
+    progress.phase(total, total, "Report")
+    phase = build_report(result)
+    result.phases.append(phase)
+    progress.done(phase)
+    result.finished = time.time()
+    write_diagnose_json(result)
+    return result

@@ -1,0 +1,1 @@
+"""Views of results (rich, Markdown, HTML); no analysis happens here."""

@@ -1,0 +1,88 @@
+"""Figures the report views share: memory state rows, performance rows, ordered fixes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flight_profiler.report.models import Report
+from flight_profiler.report.units import fmt_bytes, fmt_pct, fmt_us
+
+
+def memory_rows(report: Report) -> list[dict[str, str]]:
+    """One row per (input, device): total, allocated, reserved, peak."""
+    rows = []
+    for inp in report.readable:
+        if inp.kind == "snapshot":
+            for dev, d in inp.data["devices"].items():
+                rows.append({"source": inp.name, "device": f"{inp.data['device_type']}:{dev}",
+                             "total": "?", "allocated": fmt_bytes(d["allocated"]),
+                             "reserved": fmt_bytes(d["reserved"]),
+                             "peak": fmt_bytes(d["peak_allocated_in_trace"])})
+        elif inp.kind == "census":
+            t = inp.data["totals"]
+            rows.append({"source": inp.name, "device": "all (census)", "total": "?",
+                         "allocated": f"{fmt_bytes(t['bytes'])} in {t['count']} tensors",
+                         "reserved": "-", "peak": "-"})
+        elif inp.kind == "trace":
+            totals = {p.get("id"): p.get("total_memory") for p in inp.data.get("device_properties", [])}
+            for dev, m in (inp.data.get("memory") or {}).items():
+                total = totals.get(int(dev.split(":")[1])) if dev.startswith("cuda:") else None
+                rows.append({"source": inp.name, "device": dev,
+                             "total": fmt_bytes(total) if total else "?",
+                             "allocated": fmt_bytes(m["final_allocated"]),
+                             "reserved": fmt_bytes(m["peak_reserved"]) + " (peak)",
+                             "peak": fmt_bytes(m["peak_allocated"])})
+    return rows
+
+
+def perf_rows(report: Report) -> list[dict[str, str]]:
+    rows = []
+    for inp in report.readable:
+        if inp.kind != "trace":
+            continue
+        m = inp.data
+        s = m.get("steps", {})
+        b = m.get("gpu_time_breakdown")
+        rows.append({
+            "trace": inp.name + (f" (rank {inp.rank})" if inp.rank is not None else ""),
+            "events": str(m.get("events")),
+            "steps": str(s.get("count", 0)),
+            "step time": (f"{fmt_us(s['mean_us'])} mean, {fmt_us(s['median_us'])} median, "
+                          f"cv {s['cv']:.2f}") if s.get("count") else f"window {fmt_us(m.get('window_us'))}",
+            "GPU idle/compute/other": (f"{fmt_pct(b['idle_pct'])} / {fmt_pct(b['compute_pct'])} / "
+                                        f"{fmt_pct(b['non_compute_pct'])}") if b else "no GPU events",
+            "DataLoader": fmt_pct(m["dataloader"]["pct_of_window"]) if m.get("dataloader") else "-",
+            "sync": fmt_pct(m["sync"]["pct_of_window"]) if m.get("sync") else "-",
+            "H<->D copies": (fmt_pct(m["memcpy"]["host_device_pct_of_gpu_busy"]) + " of GPU busy")
+            if m.get("memcpy") else "-",
+        })
+    return rows
+
+
+def hot_rows(report: Report, limit: int = 10) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for inp in report.readable:
+        if inp.kind != "trace":
+            continue
+        for o in inp.data.get("top_operators", [])[:limit]:
+            rows.append({"trace": inp.name, "kind": "operator", "name": o["name"],
+                         "calls": o["calls"], "time": fmt_us(o["self_us"]) + " self",
+                         "us": o["self_us"]})
+        for k in inp.data.get("top_kernels", [])[:limit]:
+            rows.append({"trace": inp.name, "kind": "kernel", "name": k["name"],
+                         "calls": k["calls"], "time": fmt_us(k["total_us"]), "us": k["total_us"]})
+    return rows
+
+
+def ordered_fixes(report: Report) -> list[tuple[str, str]]:
+    """(rule, fix) most severe first, de-duplicated; code changes come before settings."""
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    for f in report.findings:
+        if f.severity == "info":
+            continue
+        for fix in f.fix:
+            if fix not in seen:
+                seen.add(fix)
+                out.append((f.rule, fix))
+    return out

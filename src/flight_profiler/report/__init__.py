@@ -1,0 +1,17 @@
+"""Offline diagnosis of Chrome traces, memory snapshots and tensor censuses.
+
+    from flight_profiler.report import analyze
+    report = analyze(["trace.json.gz", "snap.pickle"])
+    for f in report.findings: print(f.rule, f.severity, f.title)
+    report.write("report.html")            # md | json | html, by extension or fmt=
+    data = report.to_dict()                # docs/report-schema.md
+
+Never needs torch; pickles are loaded with a restricted unpickler.
+"""
+
+from __future__ import annotations
+
+from flight_profiler.report.analyze import analyze
+from flight_profiler.report.models import SCHEMA_VERSION, SEVERITIES, Finding, InputResult, Report
+
+__all__ = ["SCHEMA_VERSION", "SEVERITIES", "Finding", "InputResult", "Report", "analyze"]

@@ -1,0 +1,150 @@
+"""Plain-data results of a report: inputs with their measured figures, and findings.
+
+Everything here is JSON-ready through ``to_dict()``; the schema is docs/report-schema.md
+(``SCHEMA_VERSION`` below). Views (Markdown, HTML, terminal) live in flight_profiler.render.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flight_profiler import __version__
+
+SCHEMA_VERSION = 1
+SEVERITIES = ("info", "warning", "critical")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@dataclass
+class Finding:
+    """One diagnosed problem: stable rule id, severity, evidence with numbers, where, fix."""
+
+    rule: str
+    severity: str
+    title: str
+    summary: str
+    evidence: list[str] = field(default_factory=list)
+    where: list[str] = field(default_factory=list)
+    fix: list[str] = field(default_factory=list)
+    root_cause: str = ""
+    inputs: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITY_RANK:
+            raise ValueError(f"unknown severity {self.severity!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule, "severity": self.severity, "title": self.title,
+            "summary": self.summary, "evidence": list(self.evidence), "where": list(self.where),
+            "fix": list(self.fix), "root_cause": self.root_cause, "inputs": list(self.inputs),
+            "metrics": self.metrics,
+        }
+
+
+@dataclass
+class InputResult:
+    """One input file: what it was detected as, whether it could be read, and its figures."""
+
+    path: str
+    kind: str  # trace | snapshot | census | unknown
+    ok: bool
+    error: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    rank: int | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/")) or self.path
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"path": self.path, "kind": self.kind, "ok": self.ok,
+                             "error": self.error, "elapsed_s": round(self.elapsed_s, 4)}
+        if self.kind == "trace":
+            d["rank"] = self.rank
+            d["metrics"] = self.data
+        elif self.ok:
+            d["data"] = self.data
+        return d
+
+
+@dataclass
+class Report:
+    inputs: list[InputResult]
+    findings: list[Finding]
+    series: list[dict[str, Any]] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+
+    @property
+    def readable(self) -> list[InputResult]:
+        return [i for i in self.inputs if i.ok]
+
+    @property
+    def errors(self) -> list[InputResult]:
+        return [i for i in self.inputs if not i.ok]
+
+    @property
+    def worst_severity(self) -> str | None:
+        if not self.findings:
+            return None
+        return max((f.severity for f in self.findings), key=SEVERITY_RANK.__getitem__)
+
+    def reaches(self, severity: str) -> bool:
+        """True if any finding is at least ``severity`` (for --fail-on)."""
+        floor = SEVERITY_RANK[severity]
+        return any(SEVERITY_RANK[f.severity] >= floor for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "flight_profiler", "version": __version__},
+            "created": round(self.created, 3),
+            "summary": {"findings": counts, "worst_severity": self.worst_severity,
+                        "inputs_read": len(self.readable), "inputs_failed": len(self.errors)},
+            "inputs": [i.to_dict() for i in self.inputs],
+            "findings": [f.to_dict() for f in self.findings],
+            "series": self.series,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def to_markdown(self) -> str:
+        from flight_profiler.render.report_md import render_markdown
+
+        return render_markdown(self)
+
+    def to_html(self) -> str:
+        from flight_profiler.render.report_html import render_html
+
+        return render_html(self)
+
+    def render(self, fmt: str) -> str:
+        """``fmt``: md | json | html."""
+        if fmt == "json":
+            return self.to_json() + "\n"
+        if fmt == "md":
+            return self.to_markdown()
+        if fmt == "html":
+            return self.to_html()
+        raise ValueError(f"unknown format {fmt!r} (md, json, html)")
+
+    def write(self, path: str, fmt: str | None = None) -> str:
+        """Write the report atomically; format from ``fmt`` or the file's extension."""
+        if fmt is None:
+            ext = os.path.splitext(path)[1].lower()
+            fmt = {".md": "md", ".json": "json", ".html": "html", ".htm": "html"}.get(ext, "md")
+        text = self.render(fmt)
+        directory = os.path.dirname(os.path.abspath(path))
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+        return fmt

@@ -1,0 +1,45 @@
+"""dataloader-bottleneck: the step waits for the DataLoader's next batch.
+
+Share = time in ``enumerate(DataLoader)#...__next__`` annotations inside ProfilerSteps / total
+step time (trace window without steps). torch-tb-profiler recommended more workers above 5 %.
+"""
+
+from __future__ import annotations
+
+from flight_profiler.report.models import Finding
+from flight_profiler.report.rules import Context, Rule, label
+from flight_profiler.report.thresholds import T
+from flight_profiler.report.units import fmt_pct, fmt_us
+
+
+def check(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    for tr in ctx.traces:
+        dl = tr.data.get("dataloader")
+        if not dl:
+            continue
+        pct = dl["pct_of_window"]
+        if pct < T.dataloader_warning_pct:
+            continue
+        sev = "critical" if pct >= T.dataloader_critical_pct else "warning"
+        out.append(Finding(
+            rule="dataloader-bottleneck", severity=sev,
+            title=f"Waiting for the DataLoader takes {fmt_pct(pct)} of the step",
+            summary=(f"{label(tr)}: {dl['calls']} next() calls, {fmt_us(dl['total_us'])} in total, "
+                     f"{fmt_us(dl['mean_us'])} each, {fmt_pct(pct)} of the {tr.data['window_kind']} time."),
+            evidence=[f"DataLoader __next__: {dl['calls']} calls, {fmt_us(dl['total_us'])}",
+                      f"{tr.data['window_kind']} time {fmt_us(tr.data['window_us'])}"],
+            where=["enumerate(DataLoader).__next__ (the training loop's `for batch in loader`)"],
+            fix=["Load in parallel: `DataLoader(..., num_workers=N)` (start with the number of CPU "
+                 "cores / GPUs), `persistent_workers=True`, `prefetch_factor=2..4`.",
+                 "`pin_memory=True` for GPU training, with `.to(device, non_blocking=True)`.",
+                 "Move expensive per-sample work (decoding, augmentation) out of __getitem__: "
+                 "pre-process once, cache, or do it batched on the GPU."],
+            inputs=[tr.path],
+            root_cause="Batches are produced more slowly than the model consumes them.",
+            metrics={"pct_of_window": pct, "total_us": dl["total_us"], "calls": dl["calls"]},
+        ))
+    return out
+
+
+RULE = Rule("dataloader-bottleneck", "The step waits for input data", check)

@@ -1,0 +1,80 @@
+"""launch-overhead: many short kernels (GPU) or many tiny operators (CPU): dispatch dominates.
+
+GPU: >= 200 kernels, >= 50 % of them shorter than 10 us, and the GPU idle >= 15 % of the time
+or the CPU spending longer in cudaLaunchKernel than the GPU in kernels (launch-bound).
+CPU-only: >= 500 operator calls, >= 50 % of them under 10 us of self time, together >= 10 % of
+the step time.
+"""
+
+from __future__ import annotations
+
+from flight_profiler.report.models import Finding
+from flight_profiler.report.rules import Context, Rule, label
+from flight_profiler.report.thresholds import T
+from flight_profiler.report.units import fmt_pct, fmt_us
+
+FIX = [
+    "Fuse small element-wise ops: `torch.compile(model)` (or a fused kernel/op such as "
+    "fused optimizers `foreach=True`/`fused=True`).",
+    "Batch work: one op on a stacked tensor instead of a Python loop of ops on slices.",
+    "Capture the static part of the step in CUDA graphs (`torch.compile(mode='reduce-overhead')` "
+    "or torch.cuda.graphs).",
+]
+IDLE_PCT = 15.0
+TINY_WINDOW_PCT = 10.0
+
+
+def check(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    for tr in ctx.traces:
+        d = tr.data
+        k = d.get("kernels")
+        if d.get("has_gpu") and k:
+            idle = d["gpu_time_breakdown"]["idle_pct"]
+            launch_bound = k["launch_total_us"] >= T.launch_to_kernel_ratio * k["total_us"] > 0
+            if (k["count"] >= T.min_kernels and k["short_pct"] >= T.short_kernel_share_pct
+                    and (idle >= IDLE_PCT or launch_bound)):
+                out.append(Finding(
+                    rule="launch-overhead", severity="warning",
+                    title=f"{fmt_pct(k['short_pct'])} of {k['count']} kernels run under {T.short_kernel_us:.0f} us",
+                    summary=(f"{label(tr)}: median kernel {fmt_us(k['median_us'])}, "
+                             f"{k['per_step'] or k['count']} kernels per step, {k['launch_calls']} "
+                             f"cudaLaunchKernel calls averaging {fmt_us(k['launch_mean_us'])}; the GPU is "
+                             f"idle {fmt_pct(idle)} of the time."),
+                    evidence=[f"kernels: {k['count']}, short (<{T.short_kernel_us:.0f} us): {k['short_count']}",
+                              f"launch time on CPU {fmt_us(k['launch_total_us'])} vs kernel time "
+                              f"{fmt_us(k['total_us'])}", f"GPU idle {fmt_pct(idle)}"],
+                    where=[f"kernel {x['name'][:90]}: {x['calls']} calls, mean {fmt_us(x['mean_us'])}"
+                           for x in sorted(d.get("top_kernels", []), key=lambda x: -x["calls"])[:3]],
+                    fix=FIX, inputs=[tr.path],
+                    root_cause="Kernels are so short that launching them costs as much as running them.",
+                    metrics={"kernels": k["count"], "short_pct": k["short_pct"],
+                             "median_us": k["median_us"], "idle_pct": idle, "launch_bound": launch_bound},
+                ))
+            continue
+        ops = d.get("operators")
+        if d.get("has_gpu") or not ops:
+            continue
+        if (ops["calls"] >= T.min_ops and ops["tiny_calls_pct"] >= T.tiny_op_share_pct
+                and ops["tiny_self_pct_of_window"] >= TINY_WINDOW_PCT):
+            top = sorted(d.get("top_operators", []), key=lambda x: -x["calls"])[:3]
+            out.append(Finding(
+                rule="launch-overhead", severity="warning",
+                title=f"{ops['calls']} operator calls, {fmt_pct(ops['tiny_calls_pct'])} of them tiny",
+                summary=(f"{label(tr)}: {ops['tiny_calls']} operator calls under {T.tiny_op_us:.0f} us of "
+                         f"self time take {fmt_pct(ops['tiny_self_pct_of_window'])} of the "
+                         f"{d['window_kind']} time"
+                         + (f" ({ops['per_step']} calls per step)" if ops.get("per_step") else "") + "."),
+                evidence=[f"operator calls {ops['calls']}, distinct {ops['distinct']}",
+                          f"tiny calls {ops['tiny_calls']} ({fmt_pct(ops['tiny_calls_pct'])}), self time "
+                          f"{fmt_us(ops['tiny_self_us'])}"],
+                where=[f"{x['name']}: {x['calls']} calls, mean self {fmt_us(x['mean_self_us'])}" for x in top],
+                fix=FIX[:2], inputs=[tr.path],
+                root_cause="Per-operator dispatch overhead dominates: each op does very little work.",
+                metrics={"calls": ops["calls"], "tiny_calls_pct": ops["tiny_calls_pct"],
+                         "tiny_self_pct_of_window": ops["tiny_self_pct_of_window"]},
+            ))
+    return out
+
+
+RULE = Rule("launch-overhead", "Many tiny kernels or operators", check)

@@ -1,0 +1,45 @@
+"""low-gpu-utilization: the GPU is busy only a small share of the profiled window.
+
+Busy = union of kernels, copies, memsets and syncs over the span from the first to the last GPU
+event (HTA's definition). torch-tb-profiler recommended a larger batch when busy < 50 %.
+"""
+
+from __future__ import annotations
+
+from flight_profiler.report.models import Finding
+from flight_profiler.report.rules import Context, Rule, label
+from flight_profiler.report.thresholds import T
+from flight_profiler.report.units import fmt_pct, fmt_us
+
+
+def check(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    for tr in ctx.traces:
+        b = tr.data.get("gpu_time_breakdown")
+        if not b or b["span_us"] < T.min_gpu_window_us:
+            continue
+        busy = b["busy_pct"]
+        if busy >= T.gpu_busy_warning_pct:
+            continue
+        sev = "critical" if busy < T.gpu_busy_critical_pct else "warning"
+        out.append(Finding(
+            rule="low-gpu-utilization", severity=sev,
+            title=f"The GPU is busy only {fmt_pct(busy)} of the time",
+            summary=(f"{label(tr)}: over {fmt_us(b['span_us'])} the GPU computed {fmt_pct(b['compute_pct'])}, "
+                     f"copied/communicated {fmt_pct(b['non_compute_pct'])} and sat idle {fmt_pct(b['idle_pct'])}."),
+            evidence=[f"idle {fmt_us(b['idle_us'])} ({fmt_pct(b['idle_pct'])}), compute "
+                      f"{fmt_us(b['compute_us'])} ({fmt_pct(b['compute_pct'])}), non-compute "
+                      f"{fmt_us(b['non_compute_us'])} ({fmt_pct(b['non_compute_pct'])})"],
+            where=[f"GPU devices {tr.data.get('gpu_devices')}"],
+            fix=["Fix the findings that stall the CPU first (sync, DataLoader, transfers): the GPU "
+                 "waits for them.",
+                 "Give the GPU more work per launch: a larger batch size, or torch.compile to fuse ops.",
+                 "Overlap input copies and compute (pin_memory + non_blocking, prefetching)."],
+            inputs=[tr.path],
+            root_cause="The CPU side does not feed the GPU fast enough, or the work per step is too small.",
+            metrics=dict(b),
+        ))
+    return out
+
+
+RULE = Rule("low-gpu-utilization", "The GPU is mostly idle", check)

@@ -1,0 +1,138 @@
+"""memory-leak: allocated memory that grows step after step and is never given back.
+
+Three sources: a trace's ``[memory]`` events (least-squares slope of allocated memory at the end
+of each ProfilerStep, with the allocations still alive at the end, by Python line), several
+snapshots of one process (allocated bytes by allocation site), several censuses of one process
+(tensor bytes by holder).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flight_profiler.report.models import Finding, InputResult
+from flight_profiler.report.rules import Context, Rule, label
+from flight_profiler.report.thresholds import T
+from flight_profiler.report.units import fmt_bytes
+
+FIX = [
+    "Do not keep tensors from one step to the next: store `loss.item()` (a float) or "
+    "`t.detach().cpu()` in histories, not the tensor itself.",
+    "Bound caches and lists that grow every step (a `collections.deque(maxlen=N)`, or clear them).",
+    "Check the growing sites/holders named above first: they are where the surviving "
+    "memory was allocated or is held.",
+]
+
+
+def _from_traces(ctx: Context) -> list[Finding]:
+    out = []
+    for tr in ctx.traces:
+        for dev, mem in (tr.data.get("memory") or {}).items():
+            steps = mem.get("per_step_allocated") or []
+            slope = mem.get("slope_bytes_per_step", 0.0)
+            r2 = mem.get("slope_r2", 0.0)
+            if len(steps) < T.leak_min_steps or slope < T.leak_min_bytes_per_step or r2 < T.leak_min_r2:
+                continue
+            first, last = steps[0][1], steps[-1][1]
+            grow_pct = 100.0 * (last - first) / first if first else 100.0
+            sev = "critical" if grow_pct >= 50 else "warning"
+            where = [f"{r['where']} via {r['operator']}: {r['count']} allocations, "
+                     f"{fmt_bytes(r['bytes'])} still alive" for r in mem.get("surviving_allocations", [])[:5]]
+            out.append(Finding(
+                rule="memory-leak", severity=sev,
+                title=f"Allocated {dev} memory grows {fmt_bytes(slope)} per step",
+                summary=(f"{label(tr)}: allocated memory on {dev} rose from {fmt_bytes(first)} to "
+                         f"{fmt_bytes(last)} over {len(steps)} steps ({fmt_bytes(slope)}/step, "
+                         f"r^2 {r2:.2f})."),
+                evidence=[f"step {n}: {fmt_bytes(v)} allocated at step end" for n, v in steps[:12]]
+                + [f"{fmt_bytes(mem.get('surviving_bytes', 0))} allocated before the last step "
+                   "was never freed inside the trace"],
+                where=where or ["(no allocation stacks: profile with with_stack=True)"],
+                fix=FIX, inputs=[tr.path],
+                root_cause=("Something keeps a reference to tensors created each step, so the "
+                            "caching allocator can never reuse their memory."),
+                metrics={"device": dev, "slope_bytes_per_step": slope, "r2": r2,
+                         "steps": len(steps), "first_bytes": first, "last_bytes": last},
+            ))
+    return out
+
+
+def _growth(series: list[InputResult], value: Any) -> tuple[list[float], bool]:
+    vals = [float(value(s)) for s in series]
+    monotonic = all(b >= a for a, b in zip(vals, vals[1:]))
+    return vals, monotonic
+
+
+def _significant(vals: list[float]) -> bool:
+    grow = vals[-1] - vals[0]
+    return grow >= T.growth_min_bytes and (vals[0] == 0 or 100 * grow / vals[0] >= T.growth_min_pct)
+
+
+def _from_snapshots(ctx: Context) -> list[Finding]:
+    out = []
+    for series in ctx.snapshot_series:
+        vals, mono = _growth(series, lambda s: s.data["allocated"])
+        if not _significant(vals):
+            continue
+        first = {x["site"]: x["bytes"] for x in series[0].data["sites"]}
+        last = {x["site"]: x["bytes"] for x in series[-1].data["sites"]}
+        grew = sorted(((site, b - first.get(site, 0)) for site, b in last.items()), key=lambda x: -x[1])
+        where = [f"{site}: +{fmt_bytes(d)}" for site, d in grew[:5] if d > 0]
+        sev = "critical" if mono and len(series) >= 3 else "warning"
+        pid = series[0].data.get("pid")
+        out.append(Finding(
+            rule="memory-leak", severity=sev,
+            title=f"Allocated memory grew {fmt_bytes(vals[-1] - vals[0])} across {len(series)} snapshots",
+            summary=(f"Process {pid if pid is not None else '?'}: allocated memory went "
+                     + " -> ".join(fmt_bytes(v) for v in vals)
+                     + (" (never going down)" if mono else "") + "."),
+            evidence=[f"{s.name} ({s.data.get('label') or s.data.get('time_source')}): "
+                      f"{fmt_bytes(s.data['allocated'])} allocated, {fmt_bytes(s.data['reserved'])} reserved"
+                      for s in series],
+            where=where or ["(no allocation stacks recorded)"], fix=FIX,
+            inputs=[s.path for s in series],
+            root_cause="Allocations made at the sites above survive from one snapshot to the next.",
+            metrics={"allocated": vals, "monotonic": mono, "growth_bytes": vals[-1] - vals[0]},
+        ))
+    return out
+
+
+def _from_censuses(ctx: Context) -> list[Finding]:
+    out = []
+    for series in ctx.census_series:
+        vals, mono = _growth(series, lambda s: s.data["totals"]["bytes"])
+        if not _significant(vals):
+            continue
+        first = {h["path"]: h for h in series[0].data["holders"]}
+        rows = []
+        for h in series[-1].data["holders"]:
+            before = first.get(h["path"], {"bytes": 0, "count": 0, "graph_bytes": 0})
+            # What a holder keeps alive: its tensors plus the graphs hanging off them.
+            grew = (h["bytes"] + h["graph_bytes"]) - (before["bytes"] + before["graph_bytes"])
+            if grew > 0:
+                rows.append((grew, h, before))
+        rows.sort(key=lambda r: -r[0])
+        where = [f"{h['path']} ({h['kind']}, e.g. {h['example']}): {before['count']} -> {h['count']} "
+                 f"tensors, +{fmt_bytes(d)} kept alive" for d, h, before in rows[:5]]
+        sev = "critical" if mono and len(series) >= 3 else "warning"
+        out.append(Finding(
+            rule="memory-leak", severity=sev,
+            title=f"Live tensor memory grew {fmt_bytes(vals[-1] - vals[0])} across {len(series)} censuses",
+            summary=("Live tensors: " + " -> ".join(fmt_bytes(v) for v in vals)
+                     + (" (never going down)" if mono else "") + "."),
+            evidence=[f"{s.name}: {s.data['totals']['count']} tensors, "
+                      f"{fmt_bytes(s.data['totals']['bytes'])}" for s in series],
+            where=where or ["(no holder grew: the growth is in tensors no census path reached)"],
+            fix=FIX, inputs=[s.path for s in series],
+            root_cause="The holders above keep more tensors at every census.",
+            metrics={"bytes": vals, "monotonic": mono,
+                     "growing_holders": [h["path"] for _, h, _ in rows[:10]]},
+        ))
+    return out
+
+
+def check(ctx: Context) -> list[Finding]:
+    return _from_traces(ctx) + _from_snapshots(ctx) + _from_censuses(ctx)
+
+
+RULE = Rule("memory-leak", "Memory that grows and is never released", check)

@@ -1,0 +1,89 @@
+"""oom: an out-of-memory event in a snapshot, or a trace whose peak is close to device memory.
+
+Snapshots: each ``oom`` entry in ``device_traces`` (requested size, free device memory), with
+the largest free block and the biggest live allocations by stack at snapshot time.
+Traces: peak reserved memory above 90 % of the device's memory (torch-tb-profiler's threshold).
+"""
+
+from __future__ import annotations
+
+from flight_profiler.report.models import Finding
+from flight_profiler.report.rules import Context, Rule, label
+from flight_profiler.report.thresholds import T
+from flight_profiler.report.units import fmt_bytes
+
+FIX = [
+    "Free what the biggest sites above hold before the failing step (drop references, "
+    "`del` large temporaries, do not keep outputs/losses with their graphs).",
+    "Lower the batch size, or keep it and use gradient accumulation.",
+    "Cut activation memory: mixed precision (`torch.autocast`), activation checkpointing "
+    "(`torch.utils.checkpoint`).",
+]
+
+
+def check(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    for snap in ctx.snapshots:
+        d = snap.data
+        for oom in d["ooms"]:
+            dev = d["devices"].get(str(oom["device"]), {})
+            largest = dev.get("largest_free_block", 0)
+            inactive = dev.get("inactive_bytes", 0)
+            frag = inactive >= oom["requested"] > largest
+            fix = list(FIX)
+            if frag:
+                fix.insert(0, "The cached free memory would fit the request but no single block "
+                              "does: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
+            out.append(Finding(
+                rule="oom", severity="critical",
+                title=f"CUDA out of memory on device {oom['device']}: {fmt_bytes(oom['requested'])} requested",
+                summary=(f"{snap.name}: an allocation of {fmt_bytes(oom['requested'])} failed with "
+                         f"{fmt_bytes(oom['device_free'])} free on the device; "
+                         f"{fmt_bytes(dev.get('allocated'))} allocated, "
+                         f"{fmt_bytes(dev.get('reserved'))} reserved, largest free cached block "
+                         f"{fmt_bytes(largest)}."),
+                evidence=[f"requested {oom['requested']} bytes, device_free {oom['device_free']} bytes",
+                          f"allocated {dev.get('allocated')} bytes, reserved {dev.get('reserved')} bytes",
+                          f"cached free (inactive) {inactive} bytes, largest free block {largest} bytes"]
+                + [f"live: {s['site']}: {fmt_bytes(s['bytes'])} in {s['count']} blocks"
+                   for s in d["sites"][:5] if s["device"] == oom["device"]],
+                where=[f"failed at {oom['where']}"]
+                + [f"{s['site']} holds {fmt_bytes(s['bytes'])}" for s in d["sites"][:5]
+                   if s["device"] == oom["device"]],
+                fix=fix, inputs=[snap.path],
+                root_cause=("Fragmentation: enough free memory is cached, but split into blocks "
+                            "smaller than the request." if frag else
+                            "The live allocations above fill the device; the request cannot fit."),
+                metrics={"requested": oom["requested"], "device_free": oom["device_free"],
+                         "largest_free_block": largest, "allocated": dev.get("allocated"),
+                         "reserved": dev.get("reserved"), "fragmentation": frag},
+            ))
+    for tr in ctx.traces:
+        totals = {p.get("id"): p.get("total_memory") for p in tr.data.get("device_properties", [])}
+        for dev, mem in (tr.data.get("memory") or {}).items():
+            if not dev.startswith("cuda:"):
+                continue
+            total = totals.get(int(dev.split(":")[1]))
+            if not total:
+                continue
+            peak = max(mem.get("peak_reserved", 0), mem.get("peak_allocated", 0))
+            pct = 100.0 * peak / total
+            if pct < T.peak_memory_pct:
+                continue
+            out.append(Finding(
+                rule="oom", severity="warning",
+                title=f"Peak memory on {dev} is {pct:.0f}% of the device",
+                summary=(f"{label(tr)}: peak {fmt_bytes(peak)} of {fmt_bytes(total)} on {dev}; "
+                         "the next larger batch or input will run out of memory."),
+                evidence=[f"peak allocated {mem.get('peak_allocated')} bytes, peak reserved "
+                          f"{mem.get('peak_reserved')} bytes, device total {total} bytes"],
+                where=[f"{r['where']} via {r['operator']}" for r in mem.get("surviving_allocations", [])[:3]]
+                or [dev],
+                fix=FIX[1:], inputs=[tr.path],
+                root_cause="The working set is close to the device's memory.",
+                metrics={"peak_bytes": peak, "total_bytes": total, "pct": round(pct, 2)},
+            ))
+    return out
+
+
+RULE = Rule("oom", "Out of memory, or about to be", check)

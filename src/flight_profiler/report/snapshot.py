@@ -1,0 +1,175 @@
+"""Memory snapshots (torch.cuda.memory._snapshot schema, its legacy forms, our CPU form).
+
+Normalised to plain figures: per-device reserved / allocated / active / inactive bytes, the
+largest free block, inactive split blocks, live allocations grouped by the user's stack frame,
+OOM events from ``device_traces``, and the allocator settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flight_profiler.report.safe_pickle import safe_loads
+
+_LIB_PARTS = ("/torch/", "site-packages/", "dist-packages/", "<frozen", "/lib/python3",
+              "threading.py", "runpy.py", "flight_profiler/agent")
+
+
+class SnapshotFormatError(ValueError):
+    pass
+
+
+def _frames(block: dict[str, Any]) -> list[dict[str, Any]]:
+    frames = block.get("frames")
+    if not frames:
+        hist = block.get("history")
+        if isinstance(hist, list) and hist and isinstance(hist[-1], dict):
+            frames = hist[-1].get("frames")
+    return frames if isinstance(frames, list) else []
+
+
+def site_of(frames: list[dict[str, Any]]) -> str:
+    """The innermost frame in the user's own Python code, as file:line (function)."""
+    fallback = None
+    for f in frames:
+        if not isinstance(f, dict):
+            continue
+        fn = str(f.get("filename", ""))
+        if not fn.endswith(".py"):
+            continue
+        where = f"{fn}:{f.get('line', '?')} ({f.get('name', '?')})"
+        if fallback is None:
+            fallback = where
+        if not any(part in fn for part in _LIB_PARTS):
+            return where
+    return fallback or "(no stack recorded)"
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else []
+
+
+def _expandable(settings: dict[str, Any]) -> bool | None:
+    if "expandable_segments" in settings:
+        return bool(settings["expandable_segments"])
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    if isinstance(conf, str) and conf:
+        return "expandable_segments:true" in conf.replace(" ", "").lower()
+    return None
+
+
+def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
+    """Unpickle safely and normalise; raises SnapshotFormatError if it is not a snapshot."""
+    obj = safe_loads(data)
+    if isinstance(obj, list):  # legacy: a bare list of segments
+        obj = {"segments": obj, "device_traces": [], "allocator_settings": {}}
+    if not isinstance(obj, dict) or "segments" not in obj or not isinstance(obj["segments"], list):
+        raise SnapshotFormatError("a pickle, but not a memory snapshot (no 'segments' list)")
+    fp = _dict(obj.get("flight_profiler"))
+    settings = _dict(obj.get("allocator_settings"))
+    device_type = str(fp.get("device_type", "cuda"))
+    devices: dict[int, dict[str, Any]] = {}
+    sites: dict[str, list[int]] = {}
+    for seg in obj["segments"]:
+        if not isinstance(seg, dict):
+            raise SnapshotFormatError("a segment is not a dict")
+        dev = int(seg.get("device", 0) or 0)
+        d = devices.setdefault(dev, {
+            "reserved": 0, "allocated": 0, "active": 0, "requested": 0, "segments": 0,
+            "blocks": 0, "inactive_bytes": 0, "inactive_split_blocks": 0,
+            "largest_free_block": 0, "expandable_segments_seen": False,
+        })
+        total = int(seg.get("total_size", 0) or 0)
+        blocks = _list(seg.get("blocks"))
+        d["reserved"] += total
+        d["segments"] += 1
+        if seg.get("is_expandable"):
+            d["expandable_segments_seen"] = True
+        alloc_here = 0
+        for b in blocks:
+            if not isinstance(b, dict):
+                continue
+            size = int(b.get("size", 0) or 0)
+            state = str(b.get("state", ""))
+            d["blocks"] += 1
+            if state == "active_allocated":
+                alloc_here += size
+                req = b.get("requested_size")
+                d["requested"] += int(req) if isinstance(req, int) else size
+                s = sites.setdefault(f"{dev}|{site_of(_frames(b) or _frames(seg))}", [0, 0])
+                s[0] += 1
+                s[1] += size
+            if state.startswith("active"):
+                d["active"] += size
+            elif state == "inactive":
+                d["inactive_bytes"] += size
+                if size > d["largest_free_block"]:
+                    d["largest_free_block"] = size
+                if len(blocks) > 1:
+                    d["inactive_split_blocks"] += 1
+        if not blocks:  # no block detail: trust the segment's own counters
+            alloc_here = int(seg.get("allocated_size", 0) or 0)
+            d["active"] += int(seg.get("active_size", alloc_here) or 0)
+            free = total - int(seg.get("active_size", alloc_here) or 0)
+            d["inactive_bytes"] += max(0, free)
+            d["largest_free_block"] = max(d["largest_free_block"], free)
+            s = sites.setdefault(f"{dev}|{site_of(_frames(seg))}", [0, 0])
+            s[0] += 1
+            s[1] += alloc_here
+        d["allocated"] += alloc_here
+    ooms: list[dict[str, Any]] = []
+    trace_counts: dict[str, int] = {}
+    peaks: dict[int, int] = {}
+    traces = _list(obj.get("device_traces"))
+    for dev, entries in enumerate(traces):
+        if not isinstance(entries, list):
+            continue
+        net = 0
+        running: list[int] = []
+        for ent in entries:
+            if not isinstance(ent, dict):
+                continue
+            action = str(ent.get("action", ""))
+            trace_counts[action] = trace_counts.get(action, 0) + 1
+            size = int(ent.get("size", 0) or 0)
+            if action == "alloc":
+                net += size
+            elif action == "free_completed":
+                net -= size
+            running.append(net)
+            if action == "oom":
+                ooms.append({
+                    "device": dev, "requested": size,
+                    "device_free": int(ent.get("device_free", 0) or 0),
+                    "time_us": ent.get("time_us"), "stream": ent.get("stream"),
+                    "where": site_of(ent.get("frames") or []),
+                })
+        if running and dev in devices:
+            # Replay backwards from the state at snapshot time to the peak inside the window.
+            start = devices[dev]["allocated"] - net
+            peaks[dev] = start + max(0, max(running))
+    for dev, d in devices.items():
+        d["peak_allocated_in_trace"] = max(peaks.get(dev, 0), d["allocated"])
+        d["reserved_to_allocated"] = round(d["reserved"] / d["allocated"], 3) if d["allocated"] else None
+    top = sorted(sites.items(), key=lambda kv: -kv[1][1])
+    return {
+        "kind": "snapshot",
+        "device_type": device_type,
+        "pid": fp.get("pid"),
+        "time": fp.get("time") if isinstance(fp.get("time"), (int, float)) else mtime,
+        "time_source": "flight_profiler.time" if isinstance(fp.get("time"), (int, float)) else "mtime",
+        "label": fp.get("label"),
+        "devices": {str(k): v for k, v in sorted(devices.items())},
+        "allocated": sum(d["allocated"] for d in devices.values()),
+        "reserved": sum(d["reserved"] for d in devices.values()),
+        "sites": [{"device": int(k.split("|", 1)[0]), "site": k.split("|", 1)[1], "count": v[0],
+                   "bytes": v[1]} for k, v in top[:50]],
+        "ooms": ooms,
+        "trace_actions": trace_counts,
+        "allocator_settings": settings,
+        "expandable_segments": _expandable(settings),
+    }

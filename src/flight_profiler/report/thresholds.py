@@ -1,0 +1,60 @@
+"""Every threshold the rules use, in one place, with where it comes from (docs/report-rules.md).
+
+Rules read them from here (``T.name``), so a value is changed in one line and the docs table
+names the same identifiers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # dataloader-bottleneck: torch-tb-profiler recommended num_workers above 5 % of step time.
+    dataloader_warning_pct: float = 5.0
+    dataloader_critical_pct: float = 25.0
+    # low-gpu-utilization: torch-tb-profiler flagged GPU kernel busy time below 50 %.
+    gpu_busy_warning_pct: float = 50.0
+    gpu_busy_critical_pct: float = 20.0
+    # Ignore windows too short to mean anything (one tiny step, warm-up only).
+    min_gpu_window_us: float = 1_000.0
+    # transfer-bottleneck: host<->device copies as a share of GPU busy time.
+    transfer_warning_pct: float = 10.0
+    transfer_critical_pct: float = 30.0
+    # Pageable copies at all: pin_memory advice once they carry this much.
+    pageable_min_bytes: int = 1 << 20
+    # sync-bottleneck: blocking time as a share of the profiled step/window time.
+    sync_warning_pct: float = 5.0
+    sync_critical_pct: float = 20.0
+    # launch-overhead (GPU): median kernel shorter than this many us and many of them ...
+    short_kernel_us: float = 10.0
+    short_kernel_share_pct: float = 50.0
+    min_kernels: int = 200
+    # ... or the CPU spends more time launching than the GPU spends running (launch-bound).
+    launch_to_kernel_ratio: float = 1.0
+    # launch-overhead (CPU-only): tiny operators where dispatch dominates.
+    tiny_op_us: float = 10.0
+    tiny_op_share_pct: float = 50.0
+    min_ops: int = 500
+    # hot-operators: rows in the table.
+    hot_rows: int = 10
+    # memory-leak from a trace: growth per step above this (and above noise) over >= N steps.
+    leak_min_steps: int = 3
+    leak_min_bytes_per_step: int = 1 << 20
+    leak_min_r2: float = 0.6
+    # memory-leak from snapshots / censuses: total growth and monotonic growth of holders.
+    growth_min_bytes: int = 8 << 20
+    growth_min_pct: float = 10.0
+    # graph-retention from one census: a container holding this many grad_fn tensors.
+    graph_holder_min_count: int = 50
+    # fragmentation: reserved / allocated, and the absolute waste that makes it matter.
+    frag_ratio: float = 1.5
+    frag_min_waste_bytes: int = 512 << 20
+    frag_critical_ratio: float = 3.0
+    frag_inactive_split_blocks: int = 64
+    # memory pressure: peak above this share of device memory (torch-tb-profiler used 90 %).
+    peak_memory_pct: float = 90.0
+
+
+T = Thresholds()

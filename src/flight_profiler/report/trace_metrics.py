@@ -1,0 +1,371 @@
+"""Measured figures of one trace (one rank): everything the rules and the report read.
+
+``trace_metrics(raw)`` returns plain JSON-ready data. Times are microseconds (``_us``),
+shares are percentages (``_pct``), sizes bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from bisect import bisect_right
+from collections.abc import Iterable
+from typing import Any
+
+from flight_profiler.report.stacks import CallerIndex, operator_self_times
+from flight_profiler.report.thresholds import T
+from flight_profiler.report.trace_loader import COMPUTE, SCALAR_OPS, RawTrace
+
+MAX_ATTRIBUTED = 2000  # sync calls / copies attributed to a Python line (the longest ones)
+SERIES_POINTS = 240
+NO_STACK = "(no Python stack)"
+
+
+def merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 3) if whole > 0 else 0.0
+
+
+def _gpu_selection(raw: RawTrace) -> tuple[list[int], bool]:
+    """Indices of the GPU events HTA would analyse, and whether its step filter applied.
+
+    HTA (Trace._filter_irrelevant_gpu_kernels) keeps, when there are >= 2 ProfilerSteps, only
+    GPU events launched (correlation) by a CPU call that started before the last ProfilerStep:
+    the last step is usually cut short by the profiler stopping.
+    """
+    n = len(raw.g_ts)
+    step_names = {num for num, _, _ in raw.steps}
+    if len(step_names) < 2:
+        return list(range(n)), False
+    last_start = max(ts for _, ts, _ in raw.steps)
+    allowed = {c for c, t in zip(raw.rt_corr, raw.rt_ts) if t < last_start}
+    corr = raw.g_corr
+    return [i for i in range(n) if corr[i] in allowed], True
+
+
+def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, list[tuple[float, float]]]:
+    idx, filtered = _gpu_selection(raw)
+    if not idx:
+        return None, []
+    ts, end, kind = raw.g_ts, raw.g_end, raw.g_kind
+    busy = merge((ts[i], end[i]) for i in idx)
+    compute = merge((ts[i], end[i]) for i in idx if kind[i] == COMPUTE)
+    span = busy[-1][1] - busy[0][0]
+    busy_us = sum(e - s for s, e in busy)
+    compute_us = sum(e - s for s, e in compute)
+    idle_us = span - busy_us
+    non_compute_us = span - compute_us - idle_us
+    return {
+        "span_us": round(span, 3),
+        "busy_us": round(busy_us, 3),
+        "idle_us": round(idle_us, 3),
+        "compute_us": round(compute_us, 3),
+        "non_compute_us": round(non_compute_us, 3),
+        "idle_pct": _pct(idle_us, span),
+        "compute_pct": _pct(compute_us, span),
+        "non_compute_pct": _pct(non_compute_us, span),
+        "busy_pct": _pct(busy_us, span),
+        "events": len(idx),
+        "last_step_excluded": filtered,
+    }, busy
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"count": 0}
+    vs = sorted(values)
+    mean = statistics.fmean(vs)
+    std = statistics.pstdev(vs) if len(vs) > 1 else 0.0
+    return {
+        "count": len(vs), "mean_us": round(mean, 3), "median_us": round(statistics.median(vs), 3),
+        "min_us": round(vs[0], 3), "max_us": round(vs[-1], 3),
+        "p90_us": round(vs[min(len(vs) - 1, int(0.9 * len(vs)))], 3),
+        "std_us": round(std, 3), "cv": round(std / mean, 4) if mean else 0.0,
+    }
+
+
+def _attribute(index: CallerIndex, items: list[tuple[int, float, float, str]],
+               skip_inside: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Group (thread, ts, dur, what) by the user's Python line and outermost operator.
+
+    Items nested in an operator of ``skip_inside`` are dropped: a cudaStreamSynchronize inside
+    aten::item is already counted as that .item() call."""
+    chosen = sorted(items, key=lambda x: -x[2])[:MAX_ATTRIBUTED]
+    # A point just inside the call, so that the call's own parents are open there.
+    answers = index.resolve([(key, ts + min(dur, 1e-3) if dur > 0 else ts)
+                             for key, ts, dur, _ in chosen])
+    groups: dict[tuple[str, str], list[float]] = {}
+    for (_key, _ts, dur, what), (line, ops) in zip(chosen, answers):
+        if what not in skip_inside and skip_inside.intersection(ops):
+            continue
+        op = ops[0] if ops else what
+        g = groups.setdefault((line or NO_STACK, op), [0, 0.0])
+        g[0] += 1
+        g[1] += dur
+    rows: list[dict[str, Any]] = [
+        {"where": k[0], "operator": k[1], "count": int(v[0]), "total_us": round(v[1], 3)}
+            for k, v in groups.items()]
+    rows.sort(key=lambda r: -r["total_us"])
+    return rows[:10]
+
+
+def _idle_after(busy: list[tuple[float, float]], times: list[float]) -> list[float]:
+    """GPU idle time starting at each t (0 where the GPU is busy at t)."""
+    starts = [s for s, _ in busy]
+    out = []
+    for t in times:
+        i = bisect_right(starts, t) - 1
+        if i >= 0 and busy[i][1] > t:
+            out.append(0.0)
+        elif i + 1 < len(busy):
+            out.append(busy[i + 1][0] - t)
+        else:
+            out.append(0.0)
+    return out
+
+
+def _downsample(xs: list[float], ys: list[float], n: int = SERIES_POINTS) -> list[list[float]]:
+    if len(xs) <= n:
+        return [[round(x, 3), y] for x, y in zip(xs, ys)]
+    step = len(xs) / n
+    out = []
+    for k in range(n):
+        lo, hi = int(k * step), max(int((k + 1) * step), int(k * step) + 1)
+        j = max(range(lo, hi), key=ys.__getitem__)  # keep peaks visible
+        out.append([round(xs[j], 3), ys[j]])
+    return out
+
+
+def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares slope and r^2."""
+    n = len(xs)
+    if n < 2:
+        return 0.0, 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx == 0:
+        return 0.0, 0.0
+    b = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return b, r2
+
+
+def _memory(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, float, float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (dtype, did), (ts, alloc, reserved) in sorted(raw.mem.items()):
+        label = ("cpu" if dtype == 0 else "cuda" if dtype == 1 else f"type{dtype}") + (
+            f":{did}" if dtype != 0 else "")
+        xs, ya, yr = ts.tolist(), alloc.tolist(), reserved.tolist()
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        xs = [xs[i] for i in order]
+        ya = [ya[i] for i in order]
+        yr = [yr[i] for i in order]
+        info: dict[str, Any] = {
+            "samples": len(xs), "peak_allocated": max(ya), "peak_reserved": max(yr),
+            "final_allocated": ya[-1], "first_allocated": ya[0],
+            "series": _downsample([x - xs[0] for x in xs], ya),
+        }
+        # Allocated at the end of each step: a leak grows it step after step.
+        per_step: list[tuple[int, int]] = []
+        for num, st, dur in steps:
+            j = bisect_right(xs, st + dur) - 1
+            if j >= 0 and xs[j] >= st:
+                per_step.append((num, ya[j]))
+        if len(per_step) >= 2:
+            b, r2 = _slope([float(k) for k in range(len(per_step))], [float(v) for _, v in per_step])
+            info["per_step_allocated"] = per_step
+            info["slope_bytes_per_step"] = round(b, 1)
+            info["slope_r2"] = round(r2, 4)
+        # Allocations never freed inside the trace, made before the last step began.
+        live = raw.mem_live.get((dtype, did), {})
+        cutoff = steps[-1][1] if len(steps) >= 2 else float("inf")
+        survivors: dict[tuple[str, str], list[float]] = {}
+        olds = sorted(((t, b, k) for t, b, k in live.values() if t < cutoff), key=lambda x: -x[1])
+        chosen = olds[:MAX_ATTRIBUTED]
+        points = [(k, t) for t, _, k in chosen]
+        for (_t, nbytes, _k), (line, ops) in zip(chosen, index.resolve(points)):
+            g = survivors.setdefault((line or NO_STACK, ops[-1] if ops else "?"), [0, 0])
+            g[0] += 1
+            g[1] += nbytes
+        rows: list[dict[str, Any]] = [
+            {"where": k[0], "operator": k[1], "count": int(v[0]), "bytes": int(v[1])}
+                for k, v in survivors.items()]
+        rows.sort(key=lambda r: -r["bytes"])
+        info["surviving_allocations"] = rows[:10]
+        info["surviving_bytes"] = sum(b for _, b, _ in olds)
+        out[label] = info
+    return out
+
+
+def trace_metrics(raw: RawTrace) -> dict[str, Any]:
+    m: dict[str, Any] = {"events": raw.events}
+    index = CallerIndex(raw)
+    steps = sorted(raw.steps, key=lambda s: s[1])
+    m["steps"] = _spread([d for _, _, d in steps])
+    if steps:
+        m["steps"]["numbers"] = [n for n, _, _ in steps][:1000]
+        m["steps"]["durations_us"] = [round(d, 3) for _, _, d in steps][:1000]
+    step_total = sum(d for _, _, d in steps)
+    cpu_window = (raw.span_end - raw.span_ts) if raw.span_end > raw.span_ts else 0.0
+    window = step_total if step_total > 0 else cpu_window
+    m["window_us"] = round(window, 3)
+    m["window_kind"] = "steps" if step_total > 0 else "trace"
+
+    breakdown, busy = gpu_breakdown(raw)
+    m["has_gpu"] = breakdown is not None
+    if breakdown is not None:
+        m["gpu_time_breakdown"] = breakdown
+        m["gpu_devices"] = sorted(raw.gpu_devices)
+        m["gpu_timeline"] = _busy_bins(busy)
+
+    # Kernels and launches
+    kdur: dict[str, list[float]] = {}
+    durations: list[float] = []
+    names = raw.names
+    for i in range(len(raw.g_ts)):
+        if raw.g_kind[i] == COMPUTE or raw.g_kind[i] == 2:
+            d = raw.g_end[i] - raw.g_ts[i]
+            durations.append(d)
+            a = kdur.get(names[raw.g_name[i]])
+            if a is None:
+                kdur[names[raw.g_name[i]]] = [1, d]
+            else:
+                a[0] += 1
+                a[1] += d
+    launches = raw.runtime.get("cudaLaunchKernel", [0, 0.0])
+    if durations:
+        short = sum(1 for d in durations if d < T.short_kernel_us)
+        m["kernels"] = {
+            "count": len(durations), "total_us": round(sum(durations), 3),
+            "median_us": round(statistics.median(durations), 3),
+            "short_count": short, "short_pct": _pct(short, len(durations)),
+            "per_step": round(len(durations) / len(steps), 1) if steps else None,
+            "launch_calls": int(launches[0]), "launch_total_us": round(launches[1], 3),
+            "launch_mean_us": round(launches[1] / launches[0], 3) if launches[0] else 0.0,
+        }
+        top = sorted(kdur.items(), key=lambda kv: -kv[1][1])[: T.hot_rows]
+        m["top_kernels"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
+                             "mean_us": round(v[1] / v[0], 3)} for k, v in top]
+
+    # Operators (CPU) by self time
+    ops = operator_self_times(raw)
+    if ops:
+        self_list = sorted(ops.items(), key=lambda kv: -kv[1][2])
+        m["top_operators"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
+                               "self_us": round(v[2], 3), "mean_self_us": round(v[2] / v[0], 3)}
+                              for k, v in self_list[: T.hot_rows]]
+        calls = sum(int(v[0]) for v in ops.values())
+        self_total = sum(v[2] for v in ops.values())
+        tiny_calls = sum(int(v[0]) for v in ops.values() if v[2] / v[0] < T.tiny_op_us)
+        tiny_self = sum(v[2] for v in ops.values() if v[2] / v[0] < T.tiny_op_us)
+        m["operators"] = {
+            "calls": calls, "distinct": len(ops), "self_total_us": round(self_total, 3),
+            "tiny_calls": tiny_calls, "tiny_calls_pct": _pct(tiny_calls, calls),
+            "tiny_self_us": round(tiny_self, 3), "tiny_self_pct_of_window": _pct(tiny_self, window),
+            "per_step": round(calls / len(steps), 1) if steps else None,
+        }
+
+    # Host <-> device copies
+    if raw.memcpy:
+        kinds: dict[str, list[float]] = {}
+        for name, dur, nbytes, _ in raw.memcpy:
+            k = kinds.setdefault(name, [0, 0.0, 0])
+            k[0] += 1
+            k[1] += dur
+            k[2] += nbytes
+        busy_us = breakdown["busy_us"] if breakdown else 0.0
+        m["memcpy"] = {
+            "by_kind": [{"kind": k, "count": int(v[0]), "total_us": round(v[1], 3),
+                         "bytes": int(v[2]), "pct_of_gpu_busy": _pct(v[1], busy_us)}
+                        for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][1])],
+            "host_device_us": round(sum(v[1] for k, v in kinds.items() if _host_device(k)), 3),
+        }
+        m["memcpy"]["host_device_pct_of_gpu_busy"] = _pct(m["memcpy"]["host_device_us"], busy_us)
+        m["memcpy"]["pageable_bytes"] = int(sum(v[2] for k, v in kinds.items() if "Pageable" in k))
+        m["memcpy"]["callers"] = _attribute_copies(raw, index)
+
+    # Synchronisation
+    sync_us = sum(d for _, _, d, _ in raw.syncs)
+    scalar_top = [s for s in raw.scalar_ops if s[3] == "aten::item"] or [
+        s for s in raw.scalar_ops if s[3] == "aten::_local_scalar_dense"]
+    scalar_us = sum(d for _, _, d, _ in scalar_top)
+    blocking = raw.syncs + scalar_top
+    idle_after = _idle_after(busy, [ts + d for _, ts, d, _ in raw.syncs]) if busy else []
+    m["sync"] = {
+        "sync_calls": len(raw.syncs), "sync_us": round(sync_us, 3),
+        "by_call": {k: {"count": int(v[0]), "total_us": round(v[1], 3)}
+                    for k, v in raw.runtime.items() if "ynchronize" in k},
+        "scalar_reads": len(scalar_top), "scalar_read_us": round(scalar_us, 3),
+        "pct_of_window": _pct(max(sync_us, scalar_us), window),
+        "gpu_idle_after_sync_us": round(sum(idle_after), 3),
+        "callers": _attribute(index, blocking, SCALAR_OPS) if blocking else [],
+    }
+
+    # DataLoader
+    if raw.dataloader:
+        if steps:
+            inside = [d for ts, d in raw.dataloader
+                      if any(st <= ts < st + sd for _, st, sd in steps)] if len(steps) < 5000 \
+                else [d for _, d in raw.dataloader]
+        else:
+            inside = [d for _, d in raw.dataloader]
+        m["dataloader"] = {"calls": len(raw.dataloader), "total_us": round(sum(inside), 3),
+                           "pct_of_window": _pct(sum(inside), window),
+                           "mean_us": round(sum(inside) / len(inside), 3) if inside else 0.0}
+
+    if raw.mem:
+        m["memory"] = _memory(raw, index, steps)
+    m["runtime_calls"] = {k: {"count": int(v[0]), "total_us": round(v[1], 3)}
+                          for k, v in sorted(raw.runtime.items(), key=lambda kv: -kv[1][1])[:15]}
+    return m
+
+
+def _host_device(kind: str) -> bool:
+    return "HtoD" in kind or "DtoH" in kind or "HtoH" in kind
+
+
+def _attribute_copies(raw: RawTrace, index: CallerIndex) -> list[dict[str, Any]]:
+    wanted = sorted((c for c in raw.memcpy if _host_device(c[0]) and c[3] >= 0),
+                    key=lambda c: -c[1])[:MAX_ATTRIBUTED]
+    if not wanted:
+        return []
+    need = {c[3] for c in wanted}
+    where: dict[int, tuple[int, float]] = {}
+    for corr, ts, tid in zip(raw.rt_corr, raw.rt_ts, raw.rt_tid):
+        if corr in need:
+            where[corr] = (tid, ts)
+    items = []
+    for name, dur, _nbytes, corr in wanted:
+        if corr in where:
+            tid, ts = where[corr]
+            items.append((tid, ts, dur, name))
+    rows = _attribute(index, items)
+    return rows
+
+
+def _busy_bins(busy: list[tuple[float, float]], bins: int = 120) -> dict[str, Any]:
+    """GPU busy share per time bin, for the timeline chart."""
+    if not busy:
+        return {"bin_us": 0, "busy_pct": []}
+    t0, t1 = busy[0][0], busy[-1][1]
+    width = (t1 - t0) / bins or 1.0
+    acc = [0.0] * bins
+    for s, e in busy:
+        b = int((s - t0) / width)
+        while s < e and b < bins:
+            edge = t0 + (b + 1) * width
+            acc[b] += min(e, edge) - s
+            s = edge
+            b += 1
+    return {"bin_us": round(width, 3), "busy_pct": [round(100 * a / width, 2) for a in acc]}

@@ -1,0 +1,74 @@
+"""Planted problem: an ever-growing cache of output tensors (expected top finding: ``memory-leak``).
+
+``train_step`` memoises the model's outputs (256 x 64 logits) in a module-level dict keyed by the
+step number, a key that never repeats, so nothing is ever evicted::
+
+    _output_cache[_step] = logits.detach()   # the bug: one new 64 KB tensor every step
+    # the fix: bound the cache (functools.lru_cache / an OrderedDict with a max size), key it by
+    # something that repeats, or do not keep device tensors at all
+
+The tensors are detached (no autograd graph), so this is a plain leak, not graph retention:
+live memory and the count of live tensors held by one dict grow linearly with steps.
+Target: ``__main__ train_step`` (the module runs as the main script).
+
+Safety for a demo that runs forever: past ``LEAK_CAP_MB`` cached megabytes the dict is cleared
+(with a line on stdout).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flight_profiler.workloads._common import (
+    MLP,
+    batch_size,
+    parse_args,
+    pick_device,
+    run,
+    synthetic_batch,
+)
+
+LEAK_CAP_MB = 2048
+N_CLASSES = 64
+
+_output_cache: dict[int, torch.Tensor] = {}
+_step = 0
+_model: MLP | None = None
+_optimizer: torch.optim.Optimizer | None = None
+_batch: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
+
+
+def setup(device: torch.device) -> None:
+    global _model, _optimizer, _batch
+    _model = MLP(n_out=N_CLASSES).to(device)
+    _optimizer = torch.optim.SGD(_model.parameters(), lr=0.01)
+    _batch = synthetic_batch(batch_size(device), n_out=N_CLASSES, device=device)
+
+
+def train_step() -> float:
+    global _step
+    assert _model is not None and _optimizer is not None
+    x, y = _batch
+    logits = _model(x)
+    loss = F.cross_entropy(logits, y)
+    _optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    _optimizer.step()
+    _step += 1
+    _output_cache[_step] = logits.detach()  # PLANTED: a cache whose key never repeats
+    if len(_output_cache) * _batch[0].shape[0] * N_CLASSES * 4 > LEAK_CAP_MB * 2**20:
+        print(f"leak cap of {LEAK_CAP_MB} MB reached: clearing the cache (demo safety)", flush=True)
+        _output_cache.clear()
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(__doc__ or "", argv)
+    device = pick_device(args.device, args.threads)
+    setup(device)
+    run(lambda: train_step(), f"{__name__} train_step", args, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Target programs for the attach tests: one per state the main thread can be in.
+
+Every target prints ``hb N`` heartbeats from the thread that does the work, stops when the file
+named by argv[2] exists, then checks that ``threading.main_thread()`` is right (the agent may have
+imported ``threading`` from a foreign thread) and exits 0.
+"""
+
+from __future__ import annotations
+
+TARGET = r'''
+import os
+import sys
+import time
+
+STATE, STOP = sys.argv[1], sys.argv[2]
+count = [0]
+last = [time.monotonic()]
+
+
+def say(line):
+    os.write(1, (line + "\n").encode())  # one write: threads never interleave a line
+
+
+def beat(force=False):
+    now = time.monotonic()
+    if force or now - last[0] >= 0.1:
+        last[0] = now
+        count[0] += 1
+        say(f"hb {count[0]}")
+
+
+def stopping():
+    return os.path.exists(STOP)
+
+
+def finish():
+    import threading
+    main = threading.main_thread()
+    say(f"main_ok {main.ident == threading.get_ident()} "
+        f"{getattr(main, 'native_id', os.getpid()) == os.getpid()}")
+    sys.exit(0)
+
+
+def fp_sleeping_main():
+    say("READY")
+    while not stopping():
+        time.sleep(0.1)
+        beat(True)
+    finish()
+
+
+def fp_busy_main():
+    say("READY")
+    x = 0
+    while not stopping():
+        for i in range(5000):
+            x += i
+        beat()
+    finish()
+
+
+def fp_join_worker():
+    while not stopping():
+        time.sleep(0.1)
+        beat(True)
+
+
+def fp_join_main():
+    import threading
+    t = threading.Thread(target=fp_join_worker, name="fp-worker")
+    t.start()
+    say("READY")
+    t.join()
+    finish()
+
+
+def fp_accept_main():
+    import socket
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+
+    def fp_accept_worker():
+        fp_join_worker()
+        socket.create_connection(("127.0.0.1", port)).close()  # wake accept()
+
+    threading.Thread(target=fp_accept_worker, name="fp-worker").start()
+    say("READY")
+    conn, _ = server.accept()
+    conn.close()
+    finish()
+
+
+def fp_asyncio_main():
+    import asyncio
+
+    async def fp_asyncio_task():
+        say("READY")
+        while not stopping():
+            await asyncio.sleep(0.1)
+            beat(True)
+
+    asyncio.run(fp_asyncio_task())
+    finish()
+
+
+def fp_gil_hog_worker():
+    # sum() over a range is one C call that keeps the GIL for its whole duration
+    while not stopping():
+        sum(range(5_000_000))
+        beat(True)
+
+
+def fp_gil_hog_main():
+    import threading
+    t = threading.Thread(target=fp_gil_hog_worker, name="fp-hog")
+    t.start()
+    say("READY")
+    while not stopping():
+        time.sleep(0.05)
+    t.join()
+    finish()
+
+
+globals()["fp_" + STATE + "_main"]()
+'''
+
+# state -> (function expected in `stack`, thread that must show it)
+STATES: dict[str, str] = {
+    "sleeping": "fp_sleeping_main",
+    "busy": "fp_busy_main",
+    "join": "fp_join_worker",
+    "accept": "fp_accept_main",
+    "asyncio": "fp_asyncio_main",  # suspended coroutines are not on any thread stack
+    "gil_hog": "fp_gil_hog_worker",
+}

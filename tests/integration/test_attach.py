@@ -1,0 +1,287 @@
+"""Attach to real CPython processes (3.9-3.13) in the states a training job's main thread can be
+in, with real gdb and real sockets; the targets must survive and keep running correctly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from attach_targets import STATES, TARGET
+
+from flight_profiler.agent import protocol
+from flight_profiler.api import connect
+from support import PYTHONS, Target, spawn
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+CLI = [sys.executable, "-m", "flight_profiler"]
+FULL_MATRIX_VERSIONS = ("3.9", "3.12")  # threading repair differs there; all states on these
+SMALL_STATES = ("sleeping", "busy")  # on every other version
+
+
+def _cases() -> list[tuple[str, str]]:
+    cases = []
+    for version in PYTHONS:
+        states = STATES if version in FULL_MATRIX_VERSIONS else SMALL_STATES
+        cases += [(version, state) for state in states]
+    return cases
+
+
+class StateTarget:
+    def __init__(self, version: str, state: str) -> None:
+        self.stop_file = Path(tempfile.mkdtemp(prefix="fp-stop-")) / "stop"
+        self.target: Target = spawn(TARGET, python=PYTHONS[version],
+                                    args=(state, str(self.stop_file)))
+        self.pid = self.target.pid
+
+    def beats(self) -> int:
+        found = re.findall(r"^hb (\d+)$", self.target.stdout, re.M)
+        return int(found[-1]) if found else 0
+
+    def assert_advances(self, by: int = 3, timeout: float = 20.0) -> None:
+        start = self.beats()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.beats() >= start + by:
+                return
+            assert self.target.alive(), f"target died: {self.target.stderr[-2000:]}"
+            time.sleep(0.05)
+        raise AssertionError(f"heartbeat stuck at {self.beats()} (target hung?)")
+
+    def finish(self) -> None:
+        """Stop the target the normal way: it must exit 0 with a correct main thread."""
+        self.stop_file.touch()
+        rc = self.target.popen.wait(30)
+        assert rc == 0, f"target exit {rc}: {self.target.stderr[-2000:]}"
+        assert "main_ok True True" in self.target.stdout
+        # nothing from the agent in the target's own output
+        assert self.target.stderr == ""
+        lines = [ln for ln in self.target.stdout.splitlines()
+                 if not re.match(r"^(READY|hb \d+|main_ok .*)$", ln)]
+        assert lines == []
+
+    def kill(self) -> None:
+        self.stop_file.touch()
+        self.target.stop()
+
+
+@pytest.fixture
+def state_target():
+    made: list[StateTarget] = []
+
+    def make(version: str, state: str) -> StateTarget:
+        t = StateTarget(version, state)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.kill()
+
+
+def run_cli(*args: str, timeout: float = 60.0, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _function_names(stack: dict) -> set[str]:
+    return {frame["function"].rsplit(".", 1)[-1]
+            for thread in stack["threads"] for frame in thread["frames"]}
+
+
+@pytest.mark.parametrize(("version", "state"), _cases())
+def test_attach_stack_detach_keeps_target_healthy(state_target, version: str, state: str) -> None:
+    # GIVEN a live target whose main thread is in `state`
+    t = state_target(version, state)
+    t.assert_advances(1)
+    # WHEN the CLI attaches and asks for the stacks
+    proc = run_cli(str(t.pid), "--cmd", "stack", "--json", "--timeout", "30")
+    # THEN the target's own functions show up, the agent's threads are hidden
+    assert proc.returncode == 0, proc.stderr
+    stack = json.loads(proc.stdout)
+    assert STATES[state] in _function_names(stack)
+    assert all(not th["agent"] for th in stack["threads"])
+    assert stack["hidden_agent_threads"] >= 1
+    main = [th for th in stack["threads"] if th["main"]]
+    assert len(main) == 1 and main[0]["native_id"] in (None, t.pid)
+    # a later command reuses the agent
+    with connect(t.pid, timeout=10) as session:
+        assert not session.injected
+        status = session.request("status")
+        assert status["pid"] == t.pid
+        assert status["python"]["version"].startswith(version)
+        assert status["active_hooks"] == []
+        assert status["torch"]["imported"] is False
+        session.detach()
+    assert not os.path.exists(protocol.socket_path(t.pid, os.geteuid()))
+    # the target keeps working, and ends normally with nothing printed by the agent
+    t.assert_advances(3)
+    t.finish()
+
+
+def test_reattach_reuses_agent_fast_and_detach_then_attach_injects_again(state_target) -> None:
+    t = state_target("3.11" if "3.11" in PYTHONS else next(iter(PYTHONS)), "sleeping")
+    first = connect(t.pid, timeout=15)
+    assert first.injected
+    first.close()
+    timings = []
+    for _ in range(5):
+        with connect(t.pid) as again:
+            assert not again.injected
+            timings.append(again.attach_seconds)
+            assert again.request("stack")["threads"]
+    assert min(timings) < 0.1, timings
+    with connect(t.pid) as session:
+        assert session.detach()["detached"] is True
+    with connect(t.pid, timeout=15) as fresh:
+        assert fresh.injected
+        assert STATES["sleeping"] in _function_names(fresh.run("stack"))
+        fresh.detach()
+    t.assert_advances(3)
+    t.finish()
+
+
+def test_concurrent_clients(state_target) -> None:
+    import threading
+
+    t = state_target(next(iter(PYTHONS)), "busy")
+    connect(t.pid, timeout=15).close()
+    results: list[object] = []
+
+    def client(n: int) -> None:
+        try:
+            with connect(t.pid) as session:
+                for _ in range(5):
+                    cmd = "stack" if n % 2 else "status"
+                    results.append(bool(session.request(cmd)))
+        except Exception as exc:  # collected and asserted below
+            results.append(exc)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert results == [True] * 20
+    with connect(t.pid) as session:
+        session.detach()
+    t.assert_advances(3)
+    t.finish()
+
+
+def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60, cwd="/",
+        env={**os.environ, "HOME": "/nonexistent"},
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second user")
+def test_other_user_cannot_reach_the_agent(state_target) -> None:
+    t = state_target(next(iter(PYTHONS)), "sleeping")
+    with connect(t.pid, timeout=15) as session:
+        path = protocol.socket_path(t.pid, os.geteuid())
+        # GIVEN a running agent; WHEN uid 65534 connects to its socket directly
+        probe = _as_nobody(
+            "import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            f"try:\n    s.connect({path!r})\nexcept OSError as e:\n    print(e.errno)\n"
+            "else:\n    print('connected')\n"
+        )
+        # THEN the kernel refuses (private 0700 directory)
+        assert probe.stdout.strip() == "13", probe
+        # and the CLI run by that user fails with the permission exit code and one line
+        cli = _as_nobody(
+            f"import sys; sys.argv = ['flight_profiler', '{t.pid}', '--cmd', 'stack']\n"
+            "from flight_profiler.cli.main import main; main()"
+        )
+        assert cli.returncode == 4, cli
+        assert cli.stderr.startswith("error: ") and "uid" in cli.stderr
+        assert session.request("status")["pid"] == t.pid  # the agent is unaffected
+        session.detach()
+    t.finish()
+
+
+def test_dead_pid_not_python_and_bad_command(spawn_target) -> None:
+    # a pid that does not exist
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    proc = run_cli(str(dead.pid), "--cmd", "stack")
+    assert proc.returncode == 3
+    assert proc.stderr.splitlines()[0] == f"error: no process with pid {dead.pid}"
+    # not a Python process
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        proc = run_cli(str(sleeper.pid), "--cmd", "stack")
+        assert proc.returncode == 5
+        assert "is not a CPython interpreter" in proc.stderr.splitlines()[0]
+        js = run_cli(str(sleeper.pid), "--cmd", "stack", "--json")
+        assert json.loads(js.stdout)["error"]["kind"] == "not_python"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # malformed command strings: exit 2, and the target is not touched (no agent injected)
+    t = spawn_target("import time\nprint('READY', flush=True)\ntime.sleep(60)\n")
+    for bad in ("stak", "stack --frobnicate", "stack --limit zero", "", 'stack "unterminated'):
+        proc = run_cli(str(t.pid), "--cmd", bad)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert proc.stderr.startswith("error:") or proc.stderr.startswith("Error:"), proc.stderr
+    assert not os.path.exists(protocol.socket_path(t.pid, os.geteuid()))
+    assert t.alive()
+
+
+def test_stale_socket_of_dead_process_is_not_trusted(state_target) -> None:
+    # GIVEN an agent in a process that is then SIGKILLed (its socket file stays behind)
+    t = state_target(next(iter(PYTHONS)), "sleeping")
+    connect(t.pid, timeout=15).close()
+    path = protocol.socket_path(t.pid, os.geteuid())
+    t.target.popen.kill()
+    t.target.popen.wait(10)
+    assert os.path.exists(path)
+    # WHEN attaching to that pid THEN it is reported as gone, not as an agent
+    proc = run_cli(str(t.pid), "--cmd", "status")
+    assert proc.returncode == 3, proc.stderr
+    # and the client removes a stale socket it meets (ECONNREFUSED)
+    from flight_profiler.client import AgentClient, NoAgent
+
+    with pytest.raises(NoAgent):
+        AgentClient.connect(path, t.pid, 0, timeout=2)
+    assert not os.path.exists(path)
+
+
+NATIVE_NO_GIL = r"""
+import hashlib, os, sys, time
+os.write(1, b"READY\n")
+hashlib.pbkdf2_hmac("sha256", b"x", b"y", int(sys.argv[1]))  # long C call WITHOUT the GIL
+os.write(1, b"after_call\n")
+for _ in range(20):
+    time.sleep(0.1)
+os.write(1, f"agent_loaded {'_flight_profiler_agent' in sys.modules}\n".encode())
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [v for v in ("3.9", "3.12") if v in PYTHONS])
+def test_main_thread_in_native_code_without_gil_times_out_honestly(spawn_target, version) -> None:
+    # GIVEN a main thread inside a multi-second C call that released the GIL
+    t = spawn_target(NATIVE_NO_GIL, python=PYTHONS[version], args=("7000000",))
+    # WHEN attaching with a short timeout
+    proc = run_cli(str(t.pid), "--cmd", "stack", "--timeout", "1")
+    # THEN: the documented exit code and the precise reason, on one line + hint
+    assert proc.returncode == 7, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert "main thread is in native code without the GIL" in first, first
+    assert "retry later" in proc.stderr
+    # and the target is left as it was: the late bootstrap does nothing
+    t.wait_for("agent_loaded False", timeout=60)
+    assert not os.path.exists(protocol.socket_path(t.pid, os.geteuid()))
+    assert t.stderr == ""

@@ -1,0 +1,237 @@
+"""torch memory / tensors / profile against a real CPU training process, through the CLI.
+
+One target serves the whole module (attaching is the expensive part): a small model trained in
+the main thread with the classic leak (losses.append(loss)), plus a worker thread running
+torch ops (joined at exit). After every command the target must still make progress; at the
+end it must exit by itself with code 0, with nothing of ours in its stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import Target, spawn, torch_available
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(not torch_available(), reason="needs torch in the test interpreter's venv"),
+]
+
+CLI = [sys.executable, "-m", "flight_profiler"]
+
+TRAINER = """
+import os, sys, threading, time
+import torch
+
+stop_file = sys.argv[1]
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+losses = []
+
+def train_step(i):
+    x = torch.randn(32, 16)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss)
+    return loss.item()
+
+done = threading.Event()
+
+def worker():
+    lin = torch.nn.Linear(32, 32)
+    while not done.is_set():
+        with torch.no_grad():
+            lin(torch.randn(8, 32))
+        time.sleep(0.005)
+
+w = threading.Thread(target=worker, name="side-worker")
+w.start()
+print("READY", flush=True)
+i = 0
+while not os.path.exists(stop_file):
+    value = train_step(i)
+    assert value == value  # not NaN: the step computed correctly
+    i += 1
+    if i % 20 == 0:
+        print(f"hb {i}", flush=True)
+    time.sleep(0.01)
+done.set()
+w.join()
+print(f"DONE {i} torch-still-fine={torch.ones(2).sum().item() == 2.0}", flush=True)
+"""
+
+NO_TORCH = """
+import os, sys, time
+stop_file = sys.argv[1]
+print("READY", flush=True)
+while not os.path.exists(stop_file):
+    time.sleep(0.02)
+print("DONE torch imported:", "torch" in sys.modules, flush=True)
+"""
+
+
+class Trainer:
+    def __init__(self, code: str, workdir: Path) -> None:
+        self.stop_file = Path(tempfile.mkdtemp(prefix="fp-stop-")) / "stop"
+        self.workdir = workdir
+        self.target: Target = spawn(code, args=(str(self.stop_file),), timeout=60)
+        self.pid = self.target.pid
+
+    def cli(self, command: str, *extra: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, str(self.pid), *extra, "--cmd", command], cwd=self.workdir,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def json(self, command: str) -> dict[str, Any]:
+        proc = self.cli(command, "--json")
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        docs = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        return docs[-1]
+
+    def beats(self) -> int:
+        found = re.findall(r"^hb (\d+)$", self.target.stdout, re.M)
+        return int(found[-1]) if found else 0
+
+    def assert_advances(self, timeout: float = 20.0) -> None:
+        start = self.beats()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.beats() > start:
+                return
+            assert self.target.alive(), f"target died: {self.target.stderr[-2000:]}"
+            time.sleep(0.05)
+        raise AssertionError("the target stopped training")
+
+    def finish(self) -> int:
+        self.stop_file.touch()
+        return self.target.popen.wait(30)
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    t = Trainer(TRAINER, tmp_path_factory.mktemp("torch-cmds"))
+    t.target.wait_for(r"hb \d+", 30)
+    yield t
+    t.target.stop()
+
+
+def test_memory_summary_and_snapshot(trainer):
+    proc = trainer.cli("torch memory")
+    assert proc.returncode == 0 and "live tensors" in proc.stdout, proc.stderr
+    result = trainer.json("torch memory -s -f snap.pickle")
+    path = trainer.workdir / "snap.pickle"
+    assert result["path"] == str(path) and result["size"] == path.stat().st_size > 0
+    snap = pickle.loads(path.read_bytes())
+    assert snap["flight_profiler"]["device_type"] == "cpu" and snap["flight_profiler"]["pid"] == trainer.pid
+    assert snap["segments"] and snap["device_traces"] == [[]]
+    trainer.assert_advances()
+
+
+def test_memory_record_and_history(trainer):
+    result = trainer.json("torch memory -r __main__ train_step -n 2 -f rec.pickle")
+    assert result["calls_recorded"] == 2 and result["allocations"] > 0
+    snap = pickle.loads((trainer.workdir / "rec.pickle").read_bytes())
+    frames = [f for e in snap["device_traces"][0] for f in e["frames"]]
+    assert any(f["name"] == "train_step" and f["filename"].endswith("target_main.py") for f in frames)
+    proc = trainer.cli("torch memory --record-history on")
+    assert proc.returncode == 2 and "CUDA-only" in proc.stderr
+    trainer.assert_advances()
+
+
+def test_tensors_census_finds_the_leak_and_its_growth(trainer):
+    first = trainer.json("torch tensors -f c1.json")
+    assert first["path"] == str(trainer.workdir / "c1.json")
+    trainer.assert_advances()
+    trainer.assert_advances()
+    second = trainer.json("torch tensors -f c2.json --diff c1.json")
+    doc = json.loads((trainer.workdir / "c2.json").read_text())
+    assert doc["format"] == "flight_profiler.census" and doc["pid"] == trainer.pid
+    leak = next(h for h in doc["holders"] if h["path"] == "__main__.losses[*]")
+    assert leak["count"] > 20 and leak["with_grad_fn"] == leak["count"]
+    grew = {h["path"]: h for h in second["diff"]["holders"]}
+    assert grew["__main__.losses[*]"]["count_delta"] > 0
+    # human output names the holder too
+    proc = trainer.cli("torch tensors --top 5 -f c3.json")
+    assert proc.returncode == 0 and "__main__.losses[*]" in proc.stdout
+    trainer.assert_advances()
+
+
+def test_profile_method_window_schedule_tensorboard(trainer):
+    result = trainer.json("torch profile __main__ train_step -n 2 --with-stack --record-shapes -f p.json.gz")
+    with gzip.open(trainer.workdir / "p.json.gz", "rt") as f:
+        trace = json.load(f)
+    assert {"aten::addmm", "aten::mm"} <= {e["name"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert trace["distributedInfo"] == {"rank": 0} and result["calls_recorded"] == 2
+    trainer.assert_advances()
+
+    window = trainer.json("torch profile --duration 1 -f w.json")
+    trace = json.loads((trainer.workdir / "w.json").read_text())
+    tids = {e["tid"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert window["all_threads"] and len(tids) >= 2  # the main thread and the side worker
+    trainer.assert_advances()
+
+    tb = trainer.json("torch profile __main__ train_step --schedule 1,1,2 --tensorboard tb --label run1")
+    assert Path(tb["path"]).parent == trainer.workdir / "tb" / "plugins" / "profile" / "run1"
+    assert tb["calls_recorded"] == 4
+    default = trainer.json("torch profile __main__ train_step")
+    assert re.fullmatch(rf"fp-{trainer.pid}-profile-\d{{8}}-\d{{6}}\.pt\.trace\.json\.gz",
+                        Path(default["path"]).name)
+    assert Path(default["path"]).parent == trainer.workdir
+    trainer.assert_advances()
+
+
+def test_typo_and_timeout_are_one_line_errors(trainer):
+    proc = trainer.cli("torch profile __main__ trian_step --timeout 1")
+    assert proc.returncode == 1 and "did you mean 'train_step'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    trainer.assert_advances()
+
+
+def test_ctrl_c_while_waiting_removes_the_hook(trainer):
+    proc = subprocess.Popen([*CLI, str(trainer.pid), "--cmd", "torch profile __main__ worker --timeout 60"],
+                            cwd=trainer.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # attached and waiting for a call that never comes (worker() runs once, already)
+    deadline = time.monotonic() + 30
+    while "profile of __main__.worker" not in trainer.cli("status").stdout:
+        assert time.monotonic() < deadline and proc.poll() is None, "the hook never showed up"
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    status = trainer.cli("status")
+    assert re.search(r"instrumentation\s+none", status.stdout), status.stdout
+    trainer.assert_advances()
+
+
+def test_zz_target_exits_cleanly_and_output_is_untouched(trainer):
+    # named zz: runs last in this module (pytest keeps file order)
+    assert trainer.finish() == 0, trainer.target.stderr
+    assert "torch-still-fine=True" in trainer.target.stdout
+    assert trainer.target.stderr == ""
+    assert not any(line and not (line.startswith(("hb ", "DONE", "READY"))) for line in trainer.target.stdout.splitlines())
+
+
+def test_target_without_torch_gets_torch_missing(tmp_path):
+    t = Trainer(NO_TORCH, tmp_path)
+    try:
+        proc = t.cli("torch tensors")
+        assert proc.returncode == 11, proc.stderr
+        assert "has not imported torch" in proc.stderr and "Traceback" not in proc.stderr
+        t.finish()
+        assert "torch imported: False" in t.target.stdout and t.target.popen.returncode == 0
+    finally:
+        t.target.stop()

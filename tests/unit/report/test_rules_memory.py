@@ -1,0 +1,163 @@
+"""Snapshot and census rules: oom, fragmentation, memory-leak over time, graph-retention."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from report_synth import census, holder, snapshot, write_json, write_pickle
+
+from flight_profiler.report import Report, analyze
+
+MiB = 1 << 20
+
+
+def _rules(report: Report, rule: str) -> list:  # type: ignore[type-arg]
+    return [f for f in report.findings if f.rule == rule]
+
+
+def test_oom_entry_gives_sizes_sites_and_fixes(tmp_path: Path) -> None:
+    snap = snapshot(allocated=[(6000 * MiB, "train.py", 42), (900 * MiB, "model.py", 7)],
+                    inactive=[200 * MiB], oom={"size": 2048 * MiB, "device_free": 300 * MiB})
+    (f,) = _rules(analyze([str(write_pickle(tmp_path / "oom.pickle", snap))]), "oom")
+    assert f.severity == "critical"
+    assert f.metrics["requested"] == 2048 * MiB and f.metrics["device_free"] == 300 * MiB
+    assert f.metrics["largest_free_block"] == 200 * MiB
+    assert f.metrics["fragmentation"] is False
+    assert any("train.py:42" in w for w in f.where)  # biggest live allocation by stack
+    assert any("train.py:88" in w for w in f.where)  # where it failed
+
+
+def test_oom_from_fragmentation_suggests_expandable_segments(tmp_path: Path) -> None:
+    snap = snapshot(allocated=[(1000 * MiB, "train.py", 42)], inactive=[300 * MiB] * 4,
+                    oom={"size": 512 * MiB, "device_free": 10 * MiB})
+    (f,) = _rules(analyze([str(write_pickle(tmp_path / "oom.pickle", snap))]), "oom")
+    assert f.metrics["fragmentation"] is True
+    assert "expandable_segments" in f.fix[0]
+
+
+def test_fragmentation_fires_and_says_expandable_segments_is_off(tmp_path: Path) -> None:
+    snap = snapshot(allocated=[(8 * MiB, "train.py", 5)] * 100, inactive=[20 * MiB] * 100)
+    (f,) = _rules(analyze([str(write_pickle(tmp_path / "frag.pickle", snap))]), "fragmentation")
+    assert f.metrics["ratio"] > 2.5 and f.metrics["inactive_split_blocks"] == 100
+    assert f.metrics["expandable_segments"] is False
+    assert "expandable_segments is off" in f.fix[0]
+
+
+def test_no_fragmentation_on_a_tight_snapshot_or_cpu_form(tmp_path: Path) -> None:
+    tight = snapshot(allocated=[(512 * MiB, "train.py", 5)] * 4, inactive=[16 * MiB])
+    cpu = snapshot(allocated=[(8 * MiB, "train.py", 5)] * 10, inactive=[800 * MiB], split=False,
+                   fp={"device_type": "cpu", "pid": 1, "time": 1.0, "label": "x"})
+    report = analyze([str(write_pickle(tmp_path / "a.pickle", tight)),
+                      str(write_pickle(tmp_path / "b.pickle", cpu))])
+    assert all(i.ok for i in report.inputs)
+    assert _rules(report, "fragmentation") == [] and _rules(report, "oom") == []
+
+
+def test_legacy_forms_are_read(tmp_path: Path) -> None:
+    seg = {"device": 0, "address": 0, "total_size": 4 * MiB, "allocated_size": 2 * MiB,
+           "blocks": [{"size": 2 * MiB, "state": "active_allocated",
+                       "history": [{"real_size": 2 * MiB,
+                                    "frames": [{"filename": "old.py", "line": 9, "name": "f"}]}]},
+                      {"size": 2 * MiB, "state": "inactive"}]}
+    report = analyze([str(write_pickle(tmp_path / "legacy.pickle", [seg]))])
+    (inp,) = report.inputs
+    assert inp.ok, inp.error
+    assert inp.data["allocated"] == 2 * MiB and inp.data["reserved"] == 4 * MiB
+    assert inp.data["sites"][0]["site"].startswith("old.py:9")
+
+
+def test_growth_across_snapshots_names_the_growing_site(tmp_path: Path) -> None:
+    paths = []
+    for k in range(3):
+        snap = snapshot(allocated=[(100 * MiB, "model.py", 7)] + [(50 * MiB, "train.py", 42)] * (k + 1),
+                        fp={"device_type": "cuda", "pid": 77, "time": 1000.0 + k, "label": f"t{k}"})
+        paths.append(write_pickle(tmp_path / f"s{k}.pickle", snap))
+    # mtimes in the opposite order: flight_profiler.time must win
+    for n, p in enumerate(reversed(paths)):
+        os.utime(p, (2000 + n, 2000 + n))
+    report = analyze([str(p) for p in reversed(paths)])
+    (f,) = _rules(report, "memory-leak")
+    assert f.severity == "critical"
+    assert f.metrics["allocated"] == [150 * MiB, 200 * MiB, 250 * MiB]
+    assert "train.py:42" in f.where[0]
+
+
+def test_torch_snapshots_without_our_key_are_ordered_by_mtime(tmp_path: Path) -> None:
+    paths = []
+    for k in range(2):
+        snap = snapshot(allocated=[(50 * MiB, "train.py", 42)] * (k + 1))
+        p = write_pickle(tmp_path / f"z{k}.pickle", snap)
+        os.utime(p, (1000 + k, 1000 + k))
+        paths.append(p)
+    (f,) = _rules(analyze([str(paths[1]), str(paths[0])]), "memory-leak")
+    assert f.metrics["allocated"] == [50 * MiB, 100 * MiB]
+
+
+def test_stable_snapshots_raise_no_leak(tmp_path: Path) -> None:
+    paths = [write_pickle(tmp_path / f"s{k}.pickle",
+                          snapshot(allocated=[(100 * MiB, "model.py", 7)],
+                                   fp={"device_type": "cuda", "pid": 5, "time": float(k), "label": ""}))
+             for k in range(3)]
+    assert _rules(analyze([str(p) for p in paths]), "memory-leak") == []
+
+
+def _census_series(tmp_path: Path, counts: list[int], grad: bool) -> list[str]:
+    out = []
+    for k, n in enumerate(counts):
+        c = census(9, 100.0 + k, [
+            holder("__main__.losses[*]", n, n * 4 * MiB, grad=n if grad else 0,
+                   graph=n * 2 * MiB if grad else 0),
+            holder("__main__.model._parameters[*]", 4, 40 * MiB)], label=f"c{k}")
+        out.append(str(write_json(tmp_path / f"c{k}.json", c)))
+    return out
+
+
+def test_graph_retention_and_leak_across_censuses(tmp_path: Path) -> None:
+    report = analyze(_census_series(tmp_path, [10, 40, 80], grad=True))
+    (g,) = _rules(report, "graph-retention")
+    assert g.severity == "critical" and g.metrics["holder"] == "__main__.losses[*]"
+    assert g.metrics["with_grad_fn"] == [10, 40, 80]
+    assert any("loss.item()" in fix for fix in g.fix)
+    (leak,) = _rules(report, "memory-leak")
+    assert leak.metrics["growing_holders"][0] == "__main__.losses[*]"
+
+
+def test_one_census_with_a_list_of_graphs_is_a_warning(tmp_path: Path) -> None:
+    c = census(9, 1.0, [holder("__main__.history[*]", 120, 120 * MiB, grad=120, graph=300 * MiB)])
+    (g,) = _rules(analyze([str(write_json(tmp_path / "c.json", c))]), "graph-retention")
+    assert g.severity == "warning" and "__main__.history[*]" in g.where[0]
+
+
+def test_stable_censuses_and_detached_growth_are_not_graph_retention(tmp_path: Path) -> None:
+    stable = analyze(_census_series(tmp_path, [10, 10, 10], grad=True))
+    assert _rules(stable, "graph-retention") == []
+    assert _rules(stable, "memory-leak") == []
+    detached = analyze(_census_series(tmp_path, [10, 40, 80], grad=False))
+    assert _rules(detached, "graph-retention") == []
+    assert len(_rules(detached, "memory-leak")) == 1
+
+
+def test_census_with_unknown_version_is_refused(tmp_path: Path) -> None:
+    c = census(1, 1.0, [])
+    c["version"] = 99
+    (inp,) = analyze([str(write_json(tmp_path / "c.json", c))]).inputs
+    assert not inp.ok and "version" in inp.error
+
+
+AGENT = Path(__file__).resolve().parents[2] / "fixtures" / "agent"
+
+
+def test_files_written_by_the_agent_code_are_diagnosed() -> None:
+    # Censuses and CPU snapshots made by flight_profiler.agent while a module-level list kept
+    # every step's loss (tests/fixtures/make_fixtures.py agent_outputs).
+    report = analyze(sorted(str(p) for p in AGENT.iterdir()))
+    assert all(i.ok for i in report.inputs), [i.error for i in report.errors]
+    (g,) = _rules(report, "graph-retention")
+    assert g.metrics["holder"] == "__main__.LOSSES[*]" and g.severity == "critical"
+    leaks = _rules(report, "memory-leak")
+    assert {tuple(sorted({Path(p).suffix for p in f.inputs})) for f in leaks} == {(".json",), (".pickle",)}
+    census_leak = next(f for f in leaks if f.inputs[0].endswith(".json"))
+    assert census_leak.metrics["growing_holders"][0] == "__main__.LOSSES[*]"
+    snaps = [i for i in report.inputs if i.kind == "snapshot"]
+    assert [s.data["device_type"] for s in snaps] == ["cpu"] * 3

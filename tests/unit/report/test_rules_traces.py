@@ -1,0 +1,136 @@
+"""Every trace rule fires on a trace showing its pattern and stays silent on a healthy one.
+
+CPU fixtures come from real torch.profiler runs (tests/fixtures/make_fixtures.py); GPU patterns
+from the real traces in ../shared and from schema-faithful synthetic traces (report_synth).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from report_synth import gpu_trace
+
+from flight_profiler.report import Report, analyze
+from support import TRACES
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
+
+
+def _rules(report: Report, rule: str) -> list:  # type: ignore[type-arg]
+    return [f for f in report.findings if f.rule == rule]
+
+
+@pytest.fixture(scope="module")
+def healthy_gpu(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return analyze([str(gpu_trace(tmp_path_factory.mktemp("g") / "healthy.json.gz"))])
+
+
+@pytest.fixture(scope="module")
+def healthy_cpu() -> Report:
+    return analyze([str(FIXTURES / "cpu_healthy.json.gz")])
+
+
+PROBLEMS = ("memory-leak", "graph-retention", "oom", "fragmentation", "transfer-bottleneck",
+            "sync-bottleneck", "launch-overhead", "dataloader-bottleneck", "low-gpu-utilization")
+
+
+@pytest.mark.parametrize("rule", PROBLEMS)
+def test_healthy_traces_raise_no_problem(rule: str, healthy_gpu: Report, healthy_cpu: Report) -> None:
+    assert _rules(healthy_gpu, rule) == []
+    assert _rules(healthy_cpu, rule) == []
+
+
+def test_healthy_gpu_trace_is_really_busy(healthy_gpu: Report) -> None:
+    assert healthy_gpu.inputs[0].data["gpu_time_breakdown"]["busy_pct"] > 90
+
+
+def test_memory_leak_from_a_real_cpu_run() -> None:
+    report = analyze([str(FIXTURES / "cpu_leak.json.gz")])
+    (f,) = _rules(report, "memory-leak")
+    assert f.severity in ("warning", "critical")
+    assert 1.9 * 2**20 < f.metrics["slope_bytes_per_step"] < 2.2 * 2**20  # the 2 MiB/step cache
+    assert any("make_fixtures.py" in w for w in f.where)  # names the leaking line
+
+
+def test_memory_leak_from_gpu_memory_events(tmp_path: Path) -> None:
+    report = analyze([str(gpu_trace(tmp_path / "leak.json.gz", mem_growth_per_step=64 << 20))])
+    (f,) = _rules(report, "memory-leak")
+    assert f.metrics["device"] == "cuda:0"
+    assert any("model.py:100" in w for w in f.where)
+
+
+def test_dataloader_bottleneck_from_a_real_cpu_run() -> None:
+    report = analyze([str(FIXTURES / "cpu_dataloader.json.gz")])
+    (f,) = _rules(report, "dataloader-bottleneck")
+    assert f.severity == "critical" and f.metrics["pct_of_window"] > 50
+    assert any("num_workers" in fix for fix in f.fix)
+
+
+def test_dataloader_share_between_thresholds_is_a_warning(tmp_path: Path) -> None:
+    # 40 kernels x 200 us = 8 ms of step; 800 us of DataLoader ~ 9 %
+    # the step ends with loss.item(), which waits for the GPU: the step lasts ~9 ms
+    report = analyze([str(gpu_trace(tmp_path / "dl.json.gz", dataloader_us=800, sync_wait_us=1))])
+    (f,) = _rules(report, "dataloader-bottleneck")
+    assert f.severity == "warning" and 5 < f.metrics["pct_of_window"] < 25
+
+
+def test_launch_overhead_on_cpu_from_a_real_run_of_tiny_ops() -> None:
+    report = analyze([str(FIXTURES / "cpu_tiny_ops.json.gz")])
+    (f,) = _rules(report, "launch-overhead")
+    assert f.metrics["tiny_calls_pct"] > 90
+    assert any("torch.compile" in fix for fix in f.fix)
+
+
+def test_launch_overhead_on_gpu(tmp_path: Path) -> None:
+    p = gpu_trace(tmp_path / "short.json.gz", kernels_per_step=100, kernel_us=3, launch_gap_us=10)
+    (f,) = _rules(analyze([str(p)]), "launch-overhead")
+    assert f.metrics["short_pct"] == 100.0 and f.metrics["idle_pct"] > 15
+
+
+def test_sync_bottleneck_names_the_python_line(tmp_path: Path) -> None:
+    p = gpu_trace(tmp_path / "sync.json.gz", sync_wait_us=3000)
+    (f,) = _rules(analyze([str(p)]), "sync-bottleneck")
+    assert any("train.py:57" in w and "aten::item" in w for w in f.where)
+    assert f.metrics["gpu_idle_after_sync_us"] > 0
+
+
+def test_sync_bottleneck_on_a_real_gpu_trace() -> None:
+    report = analyze([str(TRACES / "gpu_train_test.json.gz")])
+    (f,) = _rules(report, "sync-bottleneck")
+    assert f.severity == "critical"
+    assert any("aten::item" in w for w in f.where)
+
+
+def test_transfer_bottleneck_pageable_copies_name_the_line(tmp_path: Path) -> None:
+    p = gpu_trace(tmp_path / "copy.json.gz", copy_bytes=64 << 20, copy_us=1500)
+    (f,) = _rules(analyze([str(p)]), "transfer-bottleneck")
+    assert f.severity == "warning"  # 1.5 ms of copy + 8 ms of kernels per step: 16 % of busy
+    assert any("train.py:41" in w for w in f.where)
+    assert any("pin_memory" in fix for fix in f.fix)
+
+
+def test_transfer_bottleneck_on_real_alexnet_trace() -> None:
+    (f,) = _rules(analyze([str(TRACES / "gpu_alexnet_sync.json.gz")]), "transfer-bottleneck")
+    assert f.severity == "critical" and f.metrics["pageable_bytes"] > 0
+
+
+def test_pinned_small_copies_stay_silent(tmp_path: Path) -> None:
+    p = gpu_trace(tmp_path / "pinned.json.gz", copy_bytes=1 << 10, copy_us=5, copy_kind="Pinned")
+    assert _rules(analyze([str(p)]), "transfer-bottleneck") == []
+
+
+def test_low_gpu_utilization_real_traces() -> None:
+    report = analyze([str(TRACES / "gpu_alexnet_sync.json.gz"), str(TRACES / "gpu_train_control.json.gz")])
+    found = _rules(report, "low-gpu-utilization")
+    assert [Path(f.inputs[0]).name for f in found] == ["gpu_alexnet_sync.json.gz"]
+    assert found[0].severity == "critical"
+
+
+def test_hot_operators_table_is_info() -> None:
+    report = analyze([str(FIXTURES / "cpu_healthy.json.gz")])
+    (f,) = _rules(report, "hot-operators")
+    assert f.severity == "info"
+    ops = f.metrics["top_operators"]
+    assert ops[0]["name"] in ("aten::mm", "aten::addmm")
+    assert all(a["self_us"] >= b["self_us"] for a, b in zip(ops, ops[1:]))

@@ -1,0 +1,196 @@
+"""The PID command and the shell: exit codes, one-line errors, JSON errors, help, no attach on
+a malformed command."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, ClassVar
+
+import pytest
+
+from flight_profiler.cli.main import main
+from flight_profiler.errors import ExitCode, FlightProfilerError, UsageError, from_remote
+
+DEAD_PID = 4_194_000  # above the default pid_max range used here
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_dead_pid_exit_code_and_one_line(capsys) -> None:
+    code, _out, err = run([str(DEAD_PID), "--cmd", "stack"], capsys)
+    assert code == ExitCode.PROCESS_NOT_FOUND == 3
+    assert err.splitlines()[0] == f"error: no process with pid {DEAD_PID}"
+    assert err.splitlines()[1].startswith("hint: ") and len(err.splitlines()) == 2
+
+
+def test_json_errors_go_to_stdout_as_one_document(capsys) -> None:
+    code, out, err = run([str(DEAD_PID), "--cmd", "stack", "--json"], capsys)
+    assert code == 3 and err == ""
+    assert json.loads(out)["error"] == {
+        "kind": "process_not_found", "message": f"no process with pid {DEAD_PID}",
+        "hint": json.loads(out)["error"]["hint"], "exit_code": 3}
+
+
+@pytest.mark.parametrize("command", ["stak", "stack --frobnicate", "stack --limit 0", "",
+                                     'stack "open', "torch"])
+def test_malformed_command_exits_2_before_attaching(capsys, command: str) -> None:
+    # our own pid: a malformed command must be rejected before anything touches the target
+    code, _out, err = run([str(os.getpid()), "--cmd", command], capsys)
+    assert code == ExitCode.USAGE
+    assert err.startswith("error: ") and len(err.strip().splitlines()) <= 2
+    assert not os.path.exists(f"/tmp/flight_profiler-{os.geteuid()}/agent-{os.getpid()}.sock")
+
+
+def test_bad_global_options_exit_2(capsys) -> None:
+    code, _, err = run([str(os.getpid()), "--method", "magic", "--cmd", "stack"], capsys)
+    assert code == 2 and "magic" in err
+    code, _, err = run([str(os.getpid()), "--timeout", "-1", "--cmd", "stack"], capsys)
+    assert code == 2
+
+
+def test_command_help_inside_cmd_exits_0(capsys) -> None:
+    code, out, _ = run([str(DEAD_PID), "--cmd", "stack --help"], capsys)
+    assert code == 0 and "--all" in out
+
+
+def test_attach_help_lists_options(capsys) -> None:
+    code, out, _ = run(["attach", "--help"], capsys)
+    assert code == 0
+    for option in ("--cmd", "--json", "--timeout", "--method", "--verbose"):
+        assert option in out
+
+
+def test_remote_error_kinds_map_to_exit_codes() -> None:
+    assert from_remote({"kind": "usage", "message": "m"}).exit_code == 2
+    assert from_remote({"kind": "not_found", "message": "m", "hint": "h"}).hint == "h"
+    assert from_remote({"kind": "torch_missing", "message": "m"}).exit_code == 11
+    assert from_remote({"kind": "weird", "message": "m"}).exit_code == 1
+    assert from_remote({}).message == "the agent reported an error"
+
+
+# -- shell -----------------------------------------------------------------------------------
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def start(self, cmd: str, args: dict[str, Any]) -> int:
+        self.sent.append((cmd, args))
+        return 1
+
+    def _read_until_done(self, req_id: int, on_event: Any, timeout: Any) -> dict[str, Any]:
+        cmd = self.sent[-1][0]
+        if cmd == "status":
+            raise FlightProfilerError("agent says no")
+        if cmd == "detach":
+            return {"detached": True, "hooks_removed": 0}
+        return {"threads": [{"name": "MainThread", "main": True, "frames": [
+            {"file": "train.py", "line": 3, "function": "train_step"}]}]}
+
+    def close(self) -> None:
+        pass
+
+
+class FakeSession:
+    def __init__(self) -> None:
+        self.client: FakeClient | None = FakeClient()
+        self.pid = 1
+        self.hello = {"python": "3.11.7", "agent_version": "0.1.0"}
+
+    def _client(self) -> FakeClient:
+        assert self.client is not None
+        return self.client
+
+    def close(self) -> None:
+        self.client = None
+
+
+def test_shell_runs_commands_survives_errors_and_quits(monkeypatch, capsys) -> None:
+    from flight_profiler.cli import shell
+
+    monkeypatch.setattr(shell, "HISTORY", os.devnull)
+    lines = iter(["help", "help stack", "stak", "status", "stack --json-ish", "stack", "quit",
+                  "stack"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    session = FakeSession()
+    shell.run_shell(session)  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert "torch memory" in out and "Python stacks of all threads" in out  # help
+    assert "--limit" in out  # help stack
+    assert "error: unknown command 'stak' (hint: known commands:" in err
+    assert all(line.startswith("error: ") for line in err.splitlines())  # one line per error
+    assert "error: agent says no" in err
+    assert "error: stack: No such option" in err
+    assert "train_step" in out  # the command after the errors still ran
+    assert session.client is not None and [c for c, _ in session.client.sent] == ["status", "stack"]
+    assert next(lines) == "stack"  # quit ended the loop
+
+
+def test_shell_detach_ends_the_session_and_eof_quits(monkeypatch, capsys) -> None:
+    from flight_profiler.cli import shell
+
+    monkeypatch.setattr(shell, "HISTORY", os.devnull)
+    lines = iter(["detach", "stack"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    session = FakeSession()
+    shell.run_shell(session)  # type: ignore[arg-type]
+    assert "detached" in capsys.readouterr().out
+    assert next(lines) == "stack"
+
+    def eof(prompt: str = "") -> str:
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", eof)
+    shell.run_shell(FakeSession())  # type: ignore[arg-type]  # returns instead of looping
+
+
+def test_help_for_unknown_topic() -> None:
+    from flight_profiler.cli.shell import help_text
+
+    with pytest.raises(FlightProfilerError, match="no command 'nope'"):
+        help_text("nope")
+    assert isinstance(UsageError("x"), FlightProfilerError)
+
+
+def test_ctrl_c_during_a_stream_cancels_and_renders_the_final_result(capsys) -> None:
+    from flight_profiler.cli.agent_commands.base import AgentRequest
+    from flight_profiler.cli.attach_cmd import execute
+
+    class StreamingClient(FakeClient):
+        cancelled: ClassVar[list[int]] = []
+
+        def _read_until_done(self, req_id, on_event, timeout):
+            on_event({"call": 1})
+            raise KeyboardInterrupt
+
+        def cancel(self, req_id: int) -> None:
+            self.cancelled.append(req_id)
+
+        def drain(self, req_id: int) -> dict[str, Any]:
+            return {"calls": 1, "cancelled": True}
+
+    session = FakeSession()
+    session.client = StreamingClient()
+    rendered: list[dict[str, Any]] = []
+    req = AgentRequest("watch", {}, lambda data, console: rendered.append(data),
+                       lambda data, console: rendered.append({"event": data}))
+    assert execute(session, req, as_json=False) is False  # -> exit code 130 in the CLI
+    assert StreamingClient.cancelled == [1]
+    assert rendered == [{"event": {"call": 1}}, {"calls": 1, "cancelled": True}]
+    assert "cancelling" in capsys.readouterr().err
+
+
+def test_exit_code_doc_lists_every_code() -> None:
+    from support import REPO
+
+    doc = (REPO / "docs" / "exit-codes.md").read_text()
+    for name, value in vars(ExitCode).items():
+        if not name.startswith("_"):
+            assert f"| {value} | `{name}` |" in doc, name

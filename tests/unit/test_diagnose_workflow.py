@@ -1,0 +1,283 @@
+"""The diagnose workflow against a fake driver: phases, skips, timeouts, outputs, progress.
+
+The fake answers command lines the way the agent does (shapes taken from the agent's handlers)
+and writes the files a command was asked for, so the real report engine runs on the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from support import TRACES
+
+from flight_profiler.diagnose.driver import PhaseTimeout
+from flight_profiler.diagnose.model import DiagnoseOptions, MethodTarget
+from flight_profiler.diagnose.workflow import run_diagnosis
+from flight_profiler.errors import RemoteCommandError, TorchMissing
+
+Handler = Callable[[list[str], Any], dict[str, Any]]
+
+
+def census(path: str, losses: int) -> None:
+    """A census whose list `__main__.losses` holds `losses` tensors with grad_fn."""
+    holder = {"path": "__main__.losses[*]", "example": "__main__.losses[0]", "kind": "list",
+              "count": losses, "bytes": 4 * losses, "with_grad_fn": losses,
+              "graph_bytes": 65536 * losses}
+    Path(path).write_text(json.dumps({
+        "format": "flight_profiler.census", "version": 1, "pid": 4242, "time": 1000.0 + losses,
+        "totals": {"count": losses, "bytes": 4 * losses, "with_grad_fn": losses,
+                   "graph_bytes": 65536 * losses},
+        "holders": [holder],
+    }))
+
+
+class FakeDriver:
+    """Answers command lines; `overrides` maps a command prefix to a handler."""
+
+    def __init__(self, cuda: bool = False, torch_imported: bool = True,
+                 overrides: dict[str, Handler] | None = None) -> None:
+        self.cuda = cuda
+        self.torch_imported = torch_imported
+        self.lines: list[str] = []
+        self.timeouts: list[float | None] = []
+        self.censuses = 0
+        self.overrides = overrides or {}
+
+    def run(self, line: str, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
+        self.lines.append(line)
+        self.timeouts.append(timeout)
+        words = shlex.split(line)
+        for prefix, handler in self.overrides.items():
+            if line.startswith(prefix):
+                return handler(words, on_event)
+        if words[0] == "status":
+            return {"torch": {"imported": self.torch_imported, "version": "2.13.0",
+                              "cuda_available": self.cuda}, "python": {"version": "3.11.7"}}
+        if words[0] == "torch" and not self.torch_imported:
+            raise TorchMissing("the target has not imported torch")
+        path = words[words.index("-f") + 1] if "-f" in words else None
+        count = int(words[words.index("-n") + 1]) if "-n" in words else 1
+        if words[:2] == ["torch", "memory"]:
+            if path:
+                Path(path).write_bytes(b"\x80\x04N.")
+            return {"mode": "summary", "cuda": self.cuda}
+        if words[:2] == ["torch", "tensors"]:
+            self.censuses += 1
+            census(path or "", 100 * self.censuses)
+            return {"totals": {"count": 100 * self.censuses}}
+        if words[:2] == ["torch", "profile"]:
+            shutil.copy(TRACES / "cpu_only_tiny.json.gz", path or "")
+            for n in range(1, 4):
+                on_event({"event": "progress", "calls_done": n, "calls": 3})
+            return {"path": path, "calls_recorded": 3}
+        if words[0] == "watch":
+            on_event({"type": "watching"})
+            for n in range(count):
+                on_event({"type": "call", "n": n + 1, "cost_ms": 10.0 + n})
+            return {"reason": "count", "matched": count, "target": "__main__.train_step"}
+        if words[0] == "trace":
+            for n in range(count):
+                on_event({"type": "trace", "n": n + 1, "tree": {
+                    "name": "train_step", "ms": 10.0, "count": 1, "children": [
+                        {"name": "forward", "ms": 6.0, "count": 1},
+                        {"name": "backward", "ms": 3.0, "count": 1}]}})
+            return {"reason": "count"}
+        raise AssertionError(f"unexpected command {line!r}")
+
+
+@pytest.fixture
+def options(tmp_path: Path) -> DiagnoseOptions:
+    return DiagnoseOptions(pid=4242, out_dir=str(tmp_path / "out"),
+                           target=MethodTarget.parse(["__main__", "train_step"]),
+                           calls=4, duration=0.1, timeout=7.0)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def phase(self, index: int, total: int, title: str) -> None:
+        self.lines.append(f"phase {index}/{total} {title}")
+
+    def waiting(self, text: str) -> None:
+        self.lines.append(f"waiting {text}")
+
+    def done(self, result: Any) -> None:
+        self.lines.append(f"done {result.name} {result.status}")
+
+    def close(self) -> None:
+        pass
+
+
+def statuses(result: Any) -> dict[str, str]:
+    return {p.name: p.status for p in result.phases}
+
+
+def test_cpu_run_skips_cuda_phases_and_writes_everything(options: DiagnoseOptions) -> None:
+    driver = FakeDriver(cuda=False)
+    result = run_diagnosis(driver, options)
+    st = statuses(result)
+    assert st["snapshot-before"] == st["snapshot-after"] == st["record"] == "skipped"
+    assert "no CUDA" in result.phase("record").reason
+    for name in ("status", "locate", "memory", "census-before", "profile", "watch", "trace",
+                 "census-after", "report"):
+        assert st[name] == "ok", (name, result.phase(name).reason)
+    # no snapshot/record command was even sent to a CPU-only target
+    assert not any(" -s " in ln or " -r " in ln for ln in driver.lines)
+    out = Path(options.out_dir)
+    for name in ("census-before.json", "census-after.json", "profile.json.gz", "report.md",
+                 "report.json", "report.html", "diagnose.json"):
+        assert (out / name).stat().st_size > 0, name
+    # the census pair reached the report engine: the growing list is found
+    assert result.report is not None
+    assert result.report.findings[0].rule == "graph-retention"
+    report = json.loads((out / "report.json").read_text())
+    assert report["diagnose"]["cost"]["calls"] == 4
+    assert "Diagnose workflow" in (out / "report.md").read_text()
+    assert 'id="diagnose"' in (out / "report.html").read_text()
+    diag = json.loads((out / "diagnose.json").read_text())
+    assert [p["name"] for p in diag["phases"]][-1] == "report"
+    assert diag["findings"][0]["rule"] == "graph-retention"
+
+
+def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
+    driver = FakeDriver(cuda=True)
+    run_diagnosis(driver, options)
+    out = options.out_dir
+    expected = [
+        "status",
+        "watch __main__ train_step --expr cost -n 1 --timeout 7",
+        "torch memory",
+        f"torch memory -s -f {out}/snapshot-before.pickle",
+        f"torch tensors -f {out}/census-before.json",
+        f"torch profile __main__ train_step --schedule 0,1,4 -f {out}/profile.json.gz "
+        "--profile-memory --with-stack --timeout 7",
+        f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7",
+        "watch __main__ train_step --expr cost -n 4 --timeout 7",
+        "trace __main__ train_step -n 4 -i 0.01 -d 4 --timeout 7",
+        f"torch tensors -f {out}/census-after.json --diff {out}/census-before.json",
+        f"torch memory -s -f {out}/snapshot-after.pickle",
+    ]
+    assert driver.lines == expected
+    # every command has a backstop deadline beyond the limit it was given itself
+    assert all(t is not None and t > options.timeout for t in driver.timeouts)
+
+
+def test_watch_and_trace_numbers(options: DiagnoseOptions) -> None:
+    result = run_diagnosis(FakeDriver(), options)
+    cost = result.phase("watch").data["cost"]
+    assert cost["calls"] == 4 and cost["min_ms"] == 10.0 and cost["max_ms"] == 13.0
+    assert cost["median_ms"] == 11.5
+    where = result.phase("trace").data["where_time_goes"]
+    assert where["calls"] == 4 and where["total_ms"] == 40.0
+    assert [r["name"] for r in where["top"]] == ["forward", "backward"]
+    assert where["top"][0]["share_pct"] == 60.0
+    assert where["self_pct"] == 10.0
+
+
+def test_method_never_called_skips_its_phases_and_profiles_a_window(options: DiagnoseOptions) -> None:
+    def never(words: list[str], on_event: Any) -> dict[str, Any]:
+        on_event({"type": "watching"})
+        return {"reason": "timeout", "matched": 0, "calls": 0}
+
+    driver = FakeDriver(overrides={"watch": never})
+    result = run_diagnosis(driver, options)
+    st = statuses(result)
+    assert st["locate"] == st["watch"] == st["trace"] == st["record"] == "skipped"
+    assert "train_step was not called within 7s" in result.phase("watch").reason
+    assert st["profile"] == "ok" and "--duration 0.1" in result.phase("profile").command
+    assert st["census-after"] == "ok" and st["report"] == "ok"
+    assert not any(ln.startswith("trace") for ln in driver.lines)
+
+
+def test_torch_not_imported_still_watches_and_traces(options: DiagnoseOptions) -> None:
+    result = run_diagnosis(FakeDriver(torch_imported=False), options)
+    st = statuses(result)
+    for name in ("memory", "census-before", "profile", "census-after"):
+        assert st[name] == "skipped", name
+        assert "not imported torch" in result.phase(name).reason
+    assert st["watch"] == st["trace"] == "ok"
+    assert st["report"] == "skipped"  # nothing to analyse
+    assert (Path(options.out_dir) / "diagnose.json").exists()
+
+
+def test_a_typo_in_the_method_stops_the_diagnosis_with_the_agent_error(options: DiagnoseOptions) -> None:
+    def missing(words: list[str], on_event: Any) -> dict[str, Any]:
+        raise RemoteCommandError("module '__main__' has no attribute 'train_stp'",
+                                 "names in __main__ that look close: train_step")
+
+    driver = FakeDriver(overrides={"watch": missing})
+    with pytest.raises(RemoteCommandError, match="train_stp"):
+        run_diagnosis(driver, options)
+    assert driver.lines == ["status", "watch __main__ train_step --expr cost -n 1 --timeout 7"]
+
+
+def test_a_phase_that_times_out_does_not_stop_the_others(options: DiagnoseOptions) -> None:
+    def stuck(words: list[str], on_event: Any) -> dict[str, Any]:
+        on_event({"type": "trace", "n": 1, "tree": {"name": "train_step", "ms": 5.0}})
+        raise PhaseTimeout("no answer within 22s", None, 1)
+
+    result = run_diagnosis(FakeDriver(overrides={"trace": stuck}), options)
+    trace = result.phase("trace")
+    assert trace.status == "timed_out"
+    assert "called 1 time(s)" in trace.reason
+    assert statuses(result)["census-after"] == "ok"
+    assert trace.data["where_time_goes"]["calls"] == 1  # what did arrive is kept
+
+
+def test_a_failing_phase_is_reported_with_the_agent_message(options: DiagnoseOptions) -> None:
+    def broken(words: list[str], on_event: Any) -> dict[str, Any]:
+        raise RemoteCommandError("profiler already running in this process", "stop it first")
+
+    result = run_diagnosis(FakeDriver(overrides={"torch profile": broken}), options)
+    profile = result.phase("profile")
+    assert profile.status == "failed"
+    assert profile.reason == "profiler already running in this process (stop it first)"
+    assert statuses(result)["watch"] == "ok"
+
+
+def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOptions) -> None:
+    options.target = None
+    driver = FakeDriver()
+    result = run_diagnosis(driver, options)
+    st = statuses(result)
+    assert st["locate"] == st["record"] == st["watch"] == st["trace"] == "skipped"
+    assert "no method given" in result.phase("watch").reason
+    assert any(ln.startswith("torch profile --duration 0.1 -f ") for ln in driver.lines)
+
+
+def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions) -> None:
+    progress = Recorder()
+    run_diagnosis(FakeDriver(), options, progress)
+    assert progress.lines[0] == "phase 1/12 Check the target (torch, CUDA)"
+    assert "waiting waiting for train_step to be called: 3 of 4 calls" in progress.lines
+    assert "waiting waiting for train_step to be called: 4 of 4 calls" in progress.lines
+    assert progress.lines[-1] == "done report ok"
+    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 12
+
+
+def test_partial_calls_are_kept_and_said(options: DiagnoseOptions) -> None:
+    def three(words: list[str], on_event: Any) -> dict[str, Any]:
+        for n in range(3):
+            on_event({"type": "call", "n": n + 1, "cost_ms": 5.0})
+        return {"reason": "timeout", "matched": 3}
+
+    result = run_diagnosis(FakeDriver(overrides={"watch __main__ train_step --expr cost -n 4": three}),
+                           options)
+    watch = result.phase("watch")
+    assert watch.status == "ok"
+    assert watch.reason == "partial: 3 of 4 calls within the time limit"
+    assert watch.data["cost"]["calls"] == 3
+
+
+def test_outputs_are_complete_files(options: DiagnoseOptions) -> None:
+    run_diagnosis(FakeDriver(), options)
+    leftovers = [n for n in os.listdir(options.out_dir) if re.search(r"\.tmp$", n)]
+    assert leftovers == []

@@ -1,0 +1,131 @@
+"""Pre-flight from /proc text: version detection, owner, tracer, stopped state, ptrace rules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flight_profiler.attach import process
+from flight_profiler.errors import AttachFailed, NotPython, PermissionDenied, ProcessNotFound
+
+STATUS = """Name:\tpython3.11
+Umask:\t0022
+State:\tS (sleeping)
+Tgid:\t4242
+NSpid:\t4242\t17
+Pid:\t4242
+PPid:\t1
+TracerPid:\t0
+Uid:\t1000\t1000\t1000\t1000
+Gid:\t1000\t1000\t1000\t1000
+CapEff:\t0000000000080000
+"""
+
+MAPS_SHARED = """\
+55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 123 /usr/local/bin/python3.12
+7f0000000000-7f0000100000 r-xp 00000000 08:01 456 /usr/local/lib/libpython3.12.so.1.0
+"""
+MAPS_STATIC = """\
+00400000-00a00000 r-xp 00000000 08:01 99 /usr/bin/python3.11
+7f10000000-7f10001000 r-xp 00000000 08:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6
+"""
+MAPS_RENAMED = """\
+00400000-00a00000 r-xp 00000000 08:01 99 /opt/app/bin/trainer
+7f2000000000-7f2000001000 r-xp 00000000 08:01 5 /opt/app/lib/python3.10/lib-dynload/_heapq.cpython-310-x86_64-linux-gnu.so
+"""
+
+
+def test_parse_status_fields() -> None:
+    st = process.parse_status(STATUS)
+    assert st.state == "S" and st.tracer_pid == 0 and st.uids == (1000, 1000, 1000, 1000)
+    assert st.ns_pid == 17  # the innermost pid namespace: how a containerised target sees itself
+    assert st.cap_eff & (1 << process.CAP_SYS_PTRACE)
+
+
+@pytest.mark.parametrize(
+    ("exe", "maps", "version", "lib"),
+    [
+        ("/usr/local/bin/python3.12", MAPS_SHARED, (3, 12), "/usr/local/lib/libpython3.12.so.1.0"),
+        ("/usr/bin/python3.11", MAPS_STATIC, (3, 11), None),  # Debian's static interpreter
+        ("/opt/app/bin/trainer", MAPS_RENAMED, (3, 10), None),  # embedded/renamed: ext tag
+        ("/usr/bin/python3.13t", "", (3, 13), None),
+        ("/usr/bin/sleep", "00400000-00401000 r-xp 0 08:01 1 /usr/bin/sleep\n", None, None),
+    ],
+)
+def test_python_version_from_exe_and_maps(exe, maps, version, lib) -> None:
+    assert process.python_version_from(exe, maps) == (version, lib)
+
+
+def test_permission_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    st = process.parse_status(STATUS)
+    monkeypatch.setattr(process, "ptrace_scope", lambda: 0)
+    process.check_ptrace_allowed(st, 1000, 0, 4242)  # same user, classic rules: fine
+    with pytest.raises(PermissionDenied, match="belongs to uid 1000, you are uid 1001"):
+        process.check_ptrace_allowed(st, 1001, 0, 4242)
+    process.check_ptrace_allowed(st, 1001, 1 << process.CAP_SYS_PTRACE, 4242)  # root-like
+    monkeypatch.setattr(process, "ptrace_scope", lambda: 1)
+    with pytest.raises(PermissionDenied, match="ptrace_scope=1") as err:
+        process.check_ptrace_allowed(st, 1000, 0, 4242)
+    assert "sysctl kernel.yama.ptrace_scope=0" in err.value.hint
+    monkeypatch.setattr(process, "ptrace_scope", lambda: 3)
+    with pytest.raises(PermissionDenied, match="ptrace_scope=3"):
+        process.check_ptrace_allowed(st, 0, 1 << process.CAP_SYS_PTRACE, 4242)
+
+
+def test_permission_hint_names_docker_and_sysctl() -> None:
+    hint = process.permission_hint(1, container=True)
+    assert "--cap-add=SYS_PTRACE" in hint and "kernel.yama.ptrace_scope" in hint
+
+
+def test_inspect_live_processes() -> None:
+    me = process.inspect(os.getpid())
+    assert me.version is not None and me.uid == os.geteuid() and me.root == "/"
+    with pytest.raises(ProcessNotFound, match="no process with pid"):
+        process.inspect(2**22 + 12345)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(NotPython, match="not a CPython interpreter"):
+            process.inspect(sleeper.pid)
+        os.kill(sleeper.pid, 19)  # SIGSTOP
+        import time
+
+        time.sleep(0.1)
+        # the version check comes first for a non-Python process
+        with pytest.raises(NotPython):
+            process.inspect(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_stopped_and_traced_python_targets(spawn_target) -> None:
+    t = spawn_target("import time\nprint('READY', flush=True)\ntime.sleep(60)\n")
+    os.kill(t.pid, 19)  # SIGSTOP
+    try:
+        import time
+
+        time.sleep(0.1)
+        with pytest.raises(AttachFailed, match=r"is stopped \(state T\)") as err:
+            process.inspect(t.pid)
+        assert f"kill -CONT {t.pid}" in err.value.hint
+    finally:
+        os.kill(t.pid, 18)  # SIGCONT
+    tracer = subprocess.Popen(["gdb", "-nx", "-batch", "-p", str(t.pid), "-ex", "shell sleep 1.5"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        status = Path(f"/proc/{t.pid}/status")
+        while process.parse_status(status.read_text()).tracer_pid == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(AttachFailed, match=r"already traced by PID \d+ \(a debugger\?\)"):
+            process.inspect(t.pid)
+    finally:
+        tracer.wait(30)  # never kill an attached gdb: it detaches by itself
+    assert t.alive()

@@ -1,0 +1,180 @@
+"""torch profile: method mode (the next N calls, in the calling thread), schedules, window mode
+(all threads), TensorBoard layout, the operator table (also on real GPU traces), and the
+stderr filter that keeps kineto's lines out of the target's stderr."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_agent_helpers import drop_workload, make_workload, run_handler, spec  # noqa: E402
+
+from flight_profiler.agent import hooks, trace_tools  # noqa: E402
+from flight_profiler.agent.registry import CommandError  # noqa: E402
+from flight_profiler.agent.torch_support import QuietStderr  # noqa: E402
+from support import TRACES  # noqa: E402
+
+
+@pytest.fixture
+def work():
+    module = make_workload()
+    yield module
+    drop_workload(module)
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def profile_method(work: Any, args: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    i = iter(range(10**6))
+    return run_handler("torch profile", {"target": spec(work.__name__, "train_step"), **args},
+                       drive=lambda: work.train_step(next(i)))
+
+
+def test_method_mode_writes_a_trace_with_the_methods_ops(work, tmp_path):
+    path = tmp_path / "p.pt.trace.json.gz"
+    result, events = profile_method(work, {"calls": 3, "path": str(path), "record_shapes": True,
+                                           "with_stack": True})
+    trace = load_trace(path)
+    assert trace["distributedInfo"] == {"rank": 0}
+    assert "fp_torch_workload.train_step" in trace["traceName"]
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"]
+    assert {"aten::addmm", "aten::mm"} <= {e["name"] for e in ops}
+    assert len({e["tid"] for e in ops if e["name"] == "aten::addmm"}) == 1  # the calling thread only
+    assert any(e.get("cat") == "python_function" for e in trace["traceEvents"])
+    assert result["calls_recorded"] == 3 and result["size"] == path.stat().st_size
+    rows = {r["name"]: r for r in result["top_ops"]["rows"]}
+    assert "aten::addmm" in rows and rows["aten::addmm"]["count"] == 3 * 2
+    assert all(r["self_cpu"] <= r["cpu_total"] + 1e-6 for r in rows.values())
+    assert events[0]["message"] == "waiting for train_step: 0 of 3 calls"
+    assert hooks.active() == []
+
+
+def test_rank_comes_from_the_environment(work, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    path = tmp_path / "p.json"
+    profile_method(work, {"path": str(path), "label": "step-trace"})
+    trace = load_trace(path)
+    assert trace["distributedInfo"]["rank"] == 3 and trace["traceName"] == "step-trace"
+
+
+def test_schedule_annotates_profiler_steps(work, tmp_path):
+    path = tmp_path / "s.json"
+    result, _ = profile_method(work, {"schedule": [1, 1, 2], "path": str(path)})
+    names = {e["name"] for e in load_trace(path)["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert names == {"ProfilerStep#2", "ProfilerStep#3"}  # wait 1 + warmup 1, then 2 active
+    assert result["calls_recorded"] == 4
+
+
+def test_tensorboard_layout(work, tmp_path):
+    result, _ = profile_method(work, {"tensorboard": str(tmp_path / "tb"), "label": "run1"})
+    path = Path(result["path"])
+    assert path.parent == tmp_path / "tb" / "plugins" / "profile" / "run1"
+    assert path.name.endswith(".pt.trace.json.gz") and path.name.split(".")[0].endswith(f"_{os.getpid()}")
+    assert load_trace(path)["traceEvents"]
+
+
+def test_window_mode_sees_other_threads(tmp_path):
+    stop = threading.Event()
+    lin = torch.nn.Linear(32, 32)
+
+    def worker() -> None:
+        while not stop.is_set():
+            with torch.no_grad():
+                lin(torch.randn(8, 32))
+            stop.wait(0.002)  # a few hundred ops, not a flood: the export stays quick
+
+    t = threading.Thread(target=worker, name="busy-worker")
+    t.start()
+    try:
+        result, _ = run_handler("torch profile", {"duration": 0.5, "path": str(tmp_path / "w.json")})
+    finally:
+        stop.set()
+        t.join()
+    trace = load_trace(tmp_path / "w.json")
+    assert result["all_threads"] is True and result["mode"] == "window"
+    assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"] if e.get("cat") == "cpu_op")
+
+
+def test_needs_method_or_duration(tmp_path):
+    with pytest.raises(CommandError):
+        run_handler("torch profile", {"path": str(tmp_path / "x.json")})
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_unwritable_directory_fails_before_hooking(work, tmp_path):
+    with pytest.raises(CommandError) as info:
+        profile_method(work, {"path": str(tmp_path / "missing" / "p.json")})
+    assert "does not exist" in info.value.message and hooks.active() == []
+
+
+@pytest.mark.parametrize("name", ["gpu_sampled_rank0.json.gz", "cpu_only_tiny.json.gz"])
+def test_operator_table_on_real_traces(name):
+    trace = load_trace(TRACES / name)
+    table = trace_tools.top_ops(trace, "self_cuda" if name.startswith("gpu") else "self_cpu", 10)
+    assert table["rows"]
+    if name.startswith("gpu"):
+        assert table["has_cuda"] and table["rows"][0]["self_cuda"] > 0
+        assert table["rows"][0]["self_cuda"] >= table["rows"][-1]["self_cuda"]
+    else:
+        assert not table["has_cuda"] and table["rows"][0]["self_cpu"] > 0
+
+
+def test_self_time_subtracts_direct_children():
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "outer", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "inner", "pid": 1, "tid": 1, "ts": 10, "dur": 30},
+        {"ph": "X", "cat": "cpu_op", "name": "leaf", "pid": 1, "tid": 1, "ts": 15, "dur": 10},
+        {"ph": "X", "cat": "cpu_op", "name": "other", "pid": 1, "tid": 2, "ts": 20, "dur": 50},
+    ]}
+    rows = {r["name"]: r for r in trace_tools.top_ops(trace)["rows"]}
+    assert rows["outer"]["self_cpu"] == 70 and rows["inner"]["self_cpu"] == 20
+    assert rows["leaf"]["self_cpu"] == 10 and rows["other"]["self_cpu"] == 50
+
+
+def test_quiet_stderr_drops_only_native_profiler_lines(capfd):
+    quiet = QuietStderr()
+    os.write(2, b"USDT:2026-11-22 02:17:11 4951:4951 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+    os.write(2, b"the target's own line\n")
+    os.write(2, b"ERROR: External init callback must run in same thread as registerClient (1 != 2)\n")
+    quiet.close()
+    quiet.close()  # idempotent
+    err = capfd.readouterr().err
+    assert err == "the target's own line\n"
+
+
+def test_cli_profile_arguments(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from flight_profiler.cli.agent_commands import parse
+    from flight_profiler.cli.agent_commands.torch import render_profile
+    from flight_profiler.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    req = parse("torch profile mod train_step -n 2 --schedule 1,1,3 -f t.json.gz --with-stack")
+    assert req.args["schedule"] == [1, 1, 3] and req.args["path"] == str(tmp_path / "t.json.gz")
+    assert req.args["with_stack"] is True and req.args["calls"] == 2
+    assert parse("torch profile --duration 2").args["duration"] == 2.0
+    for bad in ("torch profile", "torch profile --duration 2 mod f", "torch profile m f --schedule 1,x",
+                "torch profile --duration 1 --schedule 1,1,1"):
+        with pytest.raises(UsageError):
+            parse(bad)
+    out = io.StringIO()
+    render_profile({"path": "/t.json", "size": 10, "mode": "method", "calls_recorded": 2,
+                    "calls_requested": 2, "target": "m.f",
+                    "top_ops": {"sort_by": "self_cpu", "rows": [{"name": "aten::mm", "count": 2, "self_cpu": 1500.0,
+                                                                 "cpu_total": 2000.0, "self_cuda": 0.0}]}},
+                   Console(file=out, width=150))
+    assert "aten::mm" in out.getvalue() and "1.500 ms" in out.getvalue()

@@ -1,0 +1,192 @@
+"""torch tensors: the census finds leaks by holder path, measures retained graphs, diffs, and
+keeps nothing alive. In-process: the handler runs in its own thread as in the agent."""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_agent_helpers import drop_workload, make_workload, run_handler  # noqa: E402
+
+from flight_profiler.agent import census_diff  # noqa: E402
+from flight_profiler.agent.registry import CommandError  # noqa: E402
+
+CENSUS_KEYS = {"format", "version", "pid", "time", "label", "totals", "groups", "holders", "sites",
+               "skipped", "elapsed_s"}
+
+
+@pytest.fixture
+def work():
+    module = make_workload()
+    yield module
+    drop_workload(module)
+    gc.collect()
+
+
+def census(tmp_path: Path, name: str = "c.json", **args: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    path = tmp_path / name
+    result, _ = run_handler("torch tensors", {"path": str(path), "top": 50, **args})
+    return result, json.loads(path.read_text())
+
+
+def holder(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    matches = [h for h in doc["holders"] if h["path"] == path]
+    assert matches, f"{path} not among {[h['path'] for h in doc['holders']]}"
+    return matches[0]
+
+
+def test_leaked_losses_are_named_by_holder_path(work, tmp_path):
+    for i in range(40):
+        work.train_step(i)
+    result, doc = census(tmp_path)
+    assert set(doc) >= CENSUS_KEYS
+    assert doc["format"] == "flight_profiler.census" and doc["version"] == 1
+    h = holder(doc, "fp_torch_workload.losses[*]")
+    assert h["count"] == 40 and h["with_grad_fn"] == 40 and h["kind"] == "list"
+    assert h["example"].startswith("fp_torch_workload.losses[")
+    assert h["bytes"] == 40 * 4  # 40 float32 scalars
+    # parameters are named by module attribute path, and optimizer-free SGD has no state
+    assert holder(doc, "fp_torch_workload.model.0.weight")["kind"] == "parameter"
+    assert result["path"] == str(tmp_path / "c.json") and result["size"] == (tmp_path / "c.json").stat().st_size
+
+
+def test_retained_graphs_are_measured(work, tmp_path):
+    for i in range(10):
+        work.evaluate(i)
+    _, doc = census(tmp_path)
+    h = holder(doc, "fp_torch_workload.cache[*]")
+    assert h["count"] == 10 and h["with_grad_fn"] == 10
+    # each graph keeps its input (128x16) and ReLU output (128x64) alive: 40 KiB per output
+    assert h["graph_bytes"] >= 10 * (128 * 16 + 128 * 64) * 4
+    assert doc["totals"]["graph_bytes"] >= h["graph_bytes"]
+
+
+def test_views_share_storage_bytes(tmp_path):
+    base = torch.zeros(1000)
+    views = [base[i : i + 10] for i in range(50)]
+    holder_module = type(sys)("fp_views")
+    holder_module.base, holder_module.views = base, views
+    sys.modules["fp_views"] = holder_module
+    try:
+        _, doc = census(tmp_path)
+    finally:
+        del sys.modules["fp_views"]
+    group = next(g for g in doc["groups"] if g["shape"] == [1000])
+    assert group["bytes"] == 4000
+    views_group = next(g for g in doc["groups"] if g["shape"] == [10])
+    assert views_group["count"] >= 50 and views_group["bytes"] == 0  # charged to the base once
+
+
+def test_locals_of_running_functions_are_roots(tmp_path):
+    ready, done = threading.Event(), threading.Event()
+
+    def training_loop() -> None:
+        running_losses = [torch.ones(3, requires_grad=True).sum() for _ in range(7)]
+        ready.set()
+        done.wait(30)
+        del running_losses
+
+    t = threading.Thread(target=training_loop)
+    t.start()
+    try:
+        assert ready.wait(10)
+        _, doc = census(tmp_path)
+    finally:
+        done.set()
+        t.join()
+    h = holder(doc, f"{__name__}.training_loop().running_losses[*]")
+    assert h["count"] == 7 and h["kind"] == "list" and h["with_grad_fn"] == 7
+
+
+def test_diff_shows_what_grew(work, tmp_path):
+    for i in range(5):
+        work.train_step(i)
+    _, first = census(tmp_path, "c1.json")
+    for i in range(25):
+        work.train_step(i)
+        work.evaluate(i)
+    result, second = census(tmp_path, "c2.json", previous=first)
+    diff = result["diff"]
+    grew = {h["path"]: h for h in diff["holders"]}
+    assert grew["fp_torch_workload.losses[*]"]["count_delta"] == 25
+    assert grew["fp_torch_workload.cache[*]"]["count_delta"] == 25
+    assert grew["fp_torch_workload.cache[*]"]["graph_bytes_delta"] > 0
+    assert diff["same_process"] is True
+    assert diff["totals"]["count_delta"] >= 50
+    # the pure function agrees with what the handler sent
+    assert census_diff.diff(first, second)["totals"] == diff["totals"]
+
+
+def test_nothing_is_kept_alive_and_gc_state_is_restored(work, tmp_path):
+    t = torch.randn(256, 256)
+    work.victim = t
+    ref = weakref.ref(t)
+    assert gc.isenabled()
+    census(tmp_path)
+    assert gc.isenabled()
+    del work.victim, t
+    assert ref() is None  # freed by refcount alone: the census holds no reference
+
+
+def test_disabled_gc_stays_disabled(tmp_path):
+    gc.disable()
+    try:
+        census(tmp_path)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_budget_exhaustion_is_reported(work, tmp_path):
+    for i in range(3):
+        work.train_step(i)
+    _, doc = census(tmp_path, seconds=1e-6)
+    assert doc["skipped"]["reason"], doc["skipped"]
+    assert doc["elapsed_s"] < 5
+
+
+def test_torch_missing_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.delitem(sys.modules, "torch")
+    with pytest.raises(CommandError) as info:
+        run_handler("torch tensors", {"path": str(tmp_path / "x.json")})
+    assert info.value.kind == "torch_missing"
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_diff_reads_only_census_json(tmp_path):
+    from flight_profiler.cli.agent_commands.torch import load_census
+    from flight_profiler.errors import BadInputFile
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something else"}')
+    with pytest.raises(BadInputFile):
+        load_census(str(bad))
+    (tmp_path / "junk.json").write_bytes(b"\x80\x03pickle")
+    with pytest.raises(BadInputFile):
+        load_census(str(tmp_path / "junk.json"))
+
+
+def test_renderer_shows_holders_and_growth(work, tmp_path):
+    from rich.console import Console
+
+    from flight_profiler.cli.agent_commands.torch import render_tensors
+
+    work.train_step(0)
+    _, first = census(tmp_path, "c1.json")
+    for i in range(3):
+        work.train_step(i)
+    result, _ = census(tmp_path, "c2.json", previous=first)
+    out = io.StringIO()
+    render_tensors(result, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "fp_torch_workload.losses[*]" in text and "what grew" in text and str(tmp_path) in text
