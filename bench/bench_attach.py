@@ -92,12 +92,20 @@ def median_ms(values: list[float]) -> dict[str, float]:
             "min_ms": round(min(values) * 1000, 1), "max_ms": round(max(values) * 1000, 1)}
 
 
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(f.read().split("VmRSS:")[1].split()[0])
+
+
 def bench_latency(python: str, runs: int) -> dict[str, object]:
     first_cli, first_api, later_cli, later_api = [], [], [], []
+    rss_delta: list[float] = []
     for _ in range(runs):
         proc, _ = spawn(python, SLEEPER)
         try:
+            before = rss_kb(proc.pid)
             first_cli.append(wall([*CLI, str(proc.pid), "--cmd", "status", "--json"]))
+            rss_delta.append(rss_kb(proc.pid) - before)
             for _ in range(3):
                 later_cli.append(wall([*CLI, str(proc.pid), "--cmd", "status", "--json"]))
             for _ in range(5):
@@ -120,7 +128,30 @@ def bench_latency(python: str, runs: int) -> dict[str, object]:
         "first_command_api": median_ms(first_api),
         "later_command_cli": median_ms(later_cli),
         "later_command_api": median_ms(later_api),
+        "target_rss_growth_kb_after_first_command": statistics.median(rss_delta),
     }
+
+
+TORCH_SLEEPER = "import torch\n" + SLEEPER
+
+
+def bench_torch_target(runs: int) -> dict[str, object]:
+    """First command on a target that imported torch (hundreds of MB of shared libraries)."""
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            return {"skipped": "torch is not installed for " + sys.executable}
+    except ValueError:
+        return {"skipped": "torch not importable"}
+    first = []
+    for _ in range(runs):
+        proc, _ = spawn(sys.executable, TORCH_SLEEPER)
+        try:
+            first.append(wall([*CLI, str(proc.pid), "--cmd", "status", "--json"]))
+        finally:
+            stop(proc)
+    return {"first_command_cli_torch_target": median_ms(first)}
 
 
 def bench_startup(runs: int) -> dict[str, object]:
@@ -211,6 +242,7 @@ def main() -> None:
     results = {
         "target_python": args.python,
         "latency": bench_latency(args.python, args.runs),
+        "torch_target": bench_torch_target(max(args.runs // 2, 1)),
         "startup": bench_startup(args.runs),
         "imports": bench_imports(args.python),
         "idle": bench_idle(args.python, args.idle_seconds, args.idle_rounds),
@@ -221,7 +253,17 @@ def main() -> None:
     lat = results["latency"]
     print(f"target: {args.python}")
     for key, value in lat.items():  # type: ignore[union-attr]
-        print(f"{key:22s} median {value['median_ms']:7.1f} ms  (min {value['min_ms']}, max {value['max_ms']})")
+        if isinstance(value, dict):
+            print(f"{key:22s} median {value['median_ms']:7.1f} ms  "
+                  f"(min {value['min_ms']}, max {value['max_ms']})")
+        else:
+            print(f"{key}: {value}")
+    for key, value in results["torch_target"].items():  # type: ignore[union-attr]
+        if isinstance(value, dict):
+            print(f"{key:22s} median {value['median_ms']:7.1f} ms  "
+                  f"(min {value['min_ms']}, max {value['max_ms']})")
+        else:
+            print(f"{key}: {value}")
     st = results["startup"]
     print(f"--help                 median {st['help']['median_ms']:7.1f} ms  "  # type: ignore[index]
           f"(python -c pass {st['python_-c_pass']['median_ms']} ms, "  # type: ignore[index]

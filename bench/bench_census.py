@@ -7,7 +7,9 @@ visited). The census runs in its own thread, as in the agent. Measured in one ru
 - wall time of the census (no tracing);
 - extra memory: peak of Python allocations during the census (tracemalloc, separate run) and
   the growth of peak RSS (VmHWM, reset through /proc/self/clear_refs) over the same census;
-- what the census reported as skipped (budgets).
+- what the census reported as skipped (budgets);
+- a reference in the same run, to read the time as a ratio on a noisy machine: one plain pass
+  over the heap (``[type(o) for o in gc.get_objects()]``), the floor of any census.
 Aims (issue 5): under 2 s and under 50 MB extra.
 """
 
@@ -96,6 +98,14 @@ def main() -> None:
     seconds = time.perf_counter() - start
     hwm_growth_mib = (hwm_kib() - hwm_before) / 1024 if rss_reset else None
 
+    ref = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        types = [type(o) for o in gc.get_objects()]
+        ref.append(time.perf_counter() - t0)
+        del types
+    reference = min(ref)
+
     tracemalloc.start()
     census_in_thread()
     _, peak = tracemalloc.get_traced_memory()
@@ -107,6 +117,8 @@ def main() -> None:
         "containers_walked": doc.get("walked_objects"),
         "census_s": round(seconds, 3),
         "census_s_reported": doc["elapsed_s"],
+        "heap_pass_s": round(reference, 3),
+        "census_over_heap_pass": round(seconds / reference, 1),
         "python_peak_extra_mib": round(peak / 2**20, 1),
         "rss_peak_growth_mib": None if hwm_growth_mib is None else round(hwm_growth_mib, 1),
         "skipped": doc["skipped"],

@@ -84,9 +84,9 @@ def one_run(args: argparse.Namespace, tmp: Path, index: int) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "flight_profiler", "diagnose", str(job.pid),
                *target.words.split(), "--out", str(out), "--calls", str(args.calls),
                "--duration", str(args.duration), "--json"]
-        started = time.perf_counter()
+        started, t_start = time.perf_counter(), time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        wall = time.perf_counter() - started
+        wall, t_end = time.perf_counter() - started, time.time()
         n1 = len(job.heartbeats())
         time.sleep(args.settle)
         beats = job.heartbeats()
@@ -101,13 +101,25 @@ def one_run(args: argparse.Namespace, tmp: Path, index: int) -> dict[str, Any]:
     during = beats[n0 + 1:n1]
     after = beats[n1 + 1:]
     b, d, a = mean_step_ms(before), mean_step_ms(during), mean_step_ms(after)
+    # The attach (CLI start, injection) and the phases, apart: injecting with gdb stops the target.
+    t_phases = result["phases"][0]["started"] if result["phases"] else t_end
+    window = {"attach": (t_start, t_phases), "phases": (t_phases, t_end)}
+    split = {}
+    for key, (lo, hi) in window.items():
+        inside = [ms for t, _, ms in clock.seen if lo + 0.25 <= t <= hi]
+        split[key] = {"mean_step_ms": round(statistics.fmean(inside), 3) if inside else None,
+                      "worst_heartbeat_ms": round(max(inside), 3) if inside else None}
     return {
         "wall_s": round(wall, 2),
+        "attach_s": result.get("attach_seconds"),
+        "workflow_s": result.get("seconds"),
         "phases_s": {p["name"]: p["seconds"] for p in result["phases"]},
-        "skipped": [p["name"] for p in result["phases"] if p["status"] != "ok"],
+        "not_ok": {p["name"]: f"{p['status']}: {p['reason']}" for p in result["phases"]
+                   if p["status"] != "ok" and not p["reason"].startswith("no CUDA")},
         "step_ms": {"before": round(b, 3), "during": round(d, 3), "after": round(a, 3)},
         "ratio_during": round(d / b, 2), "ratio_after": round(a / b, 2),
         "step_ms_by_phase": by_phase(clock.seen, result["phases"]),
+        "attach_vs_phases": split,
         "heartbeats": {"before": len(before), "during": len(during), "after": len(after)},
         "findings": [f"{f['severity']} {f['rule']}" for f in result["findings"]],
     }
@@ -132,12 +144,20 @@ def main() -> None:
           f"{len(runs)} run(s)")
     for i, r in enumerate(runs, 1):
         s = r["step_ms"]
-        print(f"run {i}: wall {r['wall_s']:.2f} s; step {s['before']:.3f} ms before, "
+        print(f"run {i}: wall {r['wall_s']:.2f} s (attach {r['attach_s']:.2f} s, phases+report "
+              f"{r['workflow_s']:.2f} s); step {s['before']:.3f} ms before, "
               f"{s['during']:.3f} ms during (x{r['ratio_during']:.2f}), {s['after']:.3f} ms after "
               f"(x{r['ratio_after']:.2f}); findings: {', '.join(r['findings']) or 'none'}")
+        for name, why in r["not_ok"].items():
+            print(f"       phase {name} {why}")
         slow = sorted(r["phases_s"].items(), key=lambda kv: -kv[1])[:5]
         print("       slowest phases: " + ", ".join(f"{n} {t:.2f}s" for n, t in slow))
         base = s["before"]
+        for key, v in r["attach_vs_phases"].items():
+            if v["mean_step_ms"] is not None:
+                print(f"       during {key}: mean step {v['mean_step_ms']:.2f} ms "
+                      f"(x{v['mean_step_ms'] / base:.2f}), worst 0.25 s interval "
+                      f"{v['worst_heartbeat_ms']:.1f} ms/step")
         print("       step time inside phases: " + ", ".join(
             f"{n} {ms:.2f} ms (x{ms / base:.2f})" for n, ms in r["step_ms_by_phase"].items()))
     if len(runs) > 1:

@@ -106,7 +106,8 @@ def main() -> None:
     if ours:
         for name, r in best.items():
             if name != "flight_profiler":
-                print(f"ratio {name} / flight_profiler: time x{float(r['wall_s']) / float(ours['wall_s']):.1f}, "
+                print(f"ratio {name} / flight_profiler: wall x{float(r['wall_s']) / float(ours['wall_s']):.1f}, "
+                      f"cpu x{float(r['cpu_s']) / float(ours['cpu_s']):.1f}, "
                       f"peak RSS x{float(r['peak_rss_mb']) / float(ours['peak_rss_mb']):.1f}")
 
 

@@ -9,14 +9,18 @@ the PROCESS's CPU time (time.process_time): what the target pays, the agent's ow
 handler that renders and sends events) included, and immune to other processes on the machine.
 
 Scenarios (the peer's figures, measured on this kind of machine, in shared/design/peers.md):
-  filtered      `work` (~1 us) watched with a filter that never matches        (peer 7-10x)
+  filtered      `work` (~1 us) watched with a filter on its arguments that never matches:
+                decided on entry, the call then runs untimed                   (peer 7-10x)
+  filtered-cost the same with a filter on `cost` (decided on exit: every call is timed)
   reported      `work` watched, no filter: every call matches. A flood: the agent sends what
-                the stream carries and counts the rest as dropped              (peer ~30x)
+                the stream carries and counts the rest as dropped; measured in that steady
+                state (queue full)                                             (peer ~30x)
   reported-all  the same with an unbounded queue: EVERY call rendered and sent (the cost of
                 one reported call; the real agent never does this, it drops)
   trace         `step`, a method making 50 tiny calls (~45 ns each), traced on every call; a
-                flood again, so most calls are dropped before recording     (peer 20-50x)
-  trace-all     the same with an unbounded queue: every call recorded, tree built and sent
+                flood again: in the steady state calls are dropped before recording
+  trace-all     the same with an unbounded queue: every call recorded, its tree built and
+                queued: the cost of one traced call                          (peer 20-50x)
   trace-small   a method making 50 small calls (~1 us each), every call recorded and sent
   elsewhere     `work` while a watch is active on another function           (should be 1.00x)
 """
@@ -100,8 +104,10 @@ def loop_step_small(n: int) -> float:
 class InProcessAgent:
     """A handler thread running one command, emitting JSON to /dev/null like a socket would."""
 
-    def __init__(self, cmd: str, args: dict[str, Any], unbounded: bool = False) -> None:
+    def __init__(self, cmd: str, args: dict[str, Any], unbounded: bool = False,
+                 saturate: bool = False) -> None:
         self.unbounded = unbounded
+        self.saturate = saturate
         self.sink = open(os.devnull, "w")  # noqa: SIM115
         self.events = 0
         self.ctx = Context(args, emit=self._emit)
@@ -145,6 +151,8 @@ def measure(
             inst.append(loop(n))
             continue
         with agent() as a:
+            if a.saturate:  # reach the steady state of a flood first: the queue is full
+                loop(2 * QUEUE_MAX)
             inst.append(loop(n))
         result = dict(a.result, events_emitted=a.events)
     return min(base) / n, min(inst) / n, result
@@ -284,10 +292,13 @@ def main() -> None:
     scenarios = {
         "filtered": (loop_work, n_work, lambda: InProcessAgent(
             "watch", {"target": target("work"), "filter": "params[0] < 0"})),
-        "reported": (loop_work, n_work, lambda: InProcessAgent("watch", {"target": target("work")})),
+        "filtered-cost": (loop_work, n_work, lambda: InProcessAgent(
+            "watch", {"target": target("work"), "filter": "cost > 1e6"})),
+        "reported": (loop_work, n_work, lambda: InProcessAgent(
+            "watch", {"target": target("work")}, saturate=True)),
         "reported-all": (loop_work, n_work // 4, lambda: InProcessAgent(
             "watch", {"target": target("work")}, unbounded=True)),
-        "trace": (loop_step, n_step, lambda: InProcessAgent("trace", {"target": step})),
+        "trace": (loop_step, n_step, lambda: InProcessAgent("trace", {"target": step}, saturate=True)),
         "trace-all": (loop_step, n_step, lambda: InProcessAgent("trace", {"target": step}, unbounded=True)),
         "trace-small": (loop_step_small, n_small, lambda: InProcessAgent(
             "trace", {"target": target("step_small", "Model")}, unbounded=True)),
@@ -310,7 +321,7 @@ def main() -> None:
     print(f"Python {figures['python']}, best of {opts.rounds} alternating rounds")
     for name in scenarios:
         f = figures[name]
-        print(f"  {name:12s} {f['baseline_us']:8.3f} us -> {f['instrumented_us']:8.3f} us per call"
+        print(f"  {name:13s} {f['baseline_us']:8.3f} us -> {f['instrumented_us']:8.3f} us per call"
               f"   ratio {f['ratio']:.2f}x   (events sent {f['events']}, dropped {f['dropped']})")
     if figures["observer"]:
         o = figures["observer"]
@@ -319,7 +330,7 @@ def main() -> None:
     if opts.attach:
         print("through a real attached agent (a child process, its own timings):")
         for name, f in figures["attached"].items():
-            print(f"  {name:12s} {f['baseline_us']:8.3f} us -> {f['instrumented_us']:8.3f} us per call"
+            print(f"  {name:13s} {f['baseline_us']:8.3f} us -> {f['instrumented_us']:8.3f} us per call"
                   f"   ratio {f['ratio']:.2f}x   (events received {f['events']})")
 
 

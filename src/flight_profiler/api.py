@@ -18,6 +18,7 @@ injects only when none does. Leaving the ``with`` block closes the connection; t
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sys
 import time
@@ -148,6 +149,45 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
     except NoAgent as exc:
         say(f"no agent answers at {path} ({exc}); injecting")
     process.check_permissions(pid)
+    with _attach_lock(target, time.monotonic() + timeout):
+        # another CLI may have attached while we waited for the lock
+        try:
+            client = AgentClient.connect(path, target.ns_pid, target.start_time, timeout=timeout)
+            elapsed = time.monotonic() - started
+            say(f"another attach put the agent there meanwhile ({elapsed:.2f}s)")
+            return Session(pid, client, False, elapsed)
+        except (NoAgent, AgentBusy):
+            pass
+        return _inject_and_connect(target, path, timeout, method, say, started)
+
+
+@contextlib.contextmanager
+def _attach_lock(target: Any, deadline: float) -> Iterator[None]:
+    """One injection at a time per target (two gdbs cannot both ptrace it)."""
+    from flight_profiler.attach import staging
+
+    directory = staging.private_dir(target.uid, target.root)
+    fd = os.open(os.path.join(directory, f".attach-{target.ns_pid}.lock"),
+                 os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AttachTimeout(
+                        f"another flight_profiler is attaching to process {target.pid}",
+                        "retry when it is done") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _inject_and_connect(target: Any, path: str, timeout: float, method: str,
+                        say: Callable[[str], None], started: float) -> Session:
+    pid = target.pid
     say(f"target: pid {pid}, Python {target.version_str}, uid {target.uid}, exe {target.exe}, "
         f"{'libpython ' + target.libpython if target.libpython else 'static interpreter'}")
     from flight_profiler.attach import inject

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import torch_available
 
 from flight_profiler.diagnose.launch import start_workload
 from flight_profiler.workloads import WORKLOADS
+from support import torch_available
 
 pytestmark = [
     pytest.mark.slow,
@@ -86,7 +86,7 @@ def severe(result: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_diagnose_names_the_planted_problem(tmp_path: Path, name: str) -> None:
-    result, out, target = diagnose(tmp_path, name)
+    result, out, _ = diagnose(tmp_path, name)
     check_artefacts(result, out)
     phases = {p["name"]: p for p in result["phases"]}
     assert phases["profile"]["status"] == "ok", phases["profile"]

@@ -294,12 +294,18 @@ def test_every_kind_of_target_then_pristine(make_target: Any, version: str) -> N
         assert tree["hidden"]["count"] >= 5
         assert result["matched"] == 1
 
-        # a watch in progress is visible from inside the target (so the check below can fail)
-        req = session._client().start("watch", {"target": spec("work"), "timeout": 30})
-        next(k for k, d in session._client().messages(req) if k == "event")
-        assert target.ask()["original"]["work"] is False
-        session._client().cancel(req)
-        session._client().drain(req)
+        # a watch in progress is visible from inside the target (so the checks below can fail),
+        # and the arguments it saw are not kept alive by it, even while it runs
+        client = session._client()
+        req = client.start("watch", {"target": spec("keep"), "timeout": 30})
+        stream = client.messages(req)
+        seen = [d for _, (k, d) in zip(range(4), stream) if k == "event"]
+        assert seen[0]["type"] == "watching" and dict(seen[-1]["values"])["params"] == "(Arg(),)"
+        during = target.ask()
+        assert during["original"]["keep"] is False
+        assert during["alive"] == 0
+        client.cancel(req)
+        client.drain(req)
         target.assert_pristine()
         session.detach()
     target.finish()

@@ -194,3 +194,16 @@ def test_exit_code_doc_lists_every_code() -> None:
     for name, value in vars(ExitCode).items():
         if not name.startswith("_"):
             assert f"| {value} | `{name}` |" in doc, name
+
+
+def test_help_imports_neither_torch_nor_rich() -> None:
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "flight_profiler", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "Usage" in proc.stdout
+    modules = set(re.findall(r"\|\s+([\w.]+)\s*$", proc.stderr, re.M))
+    assert "click" in modules  # the parse worked
+    assert not {"torch", "rich", "numpy"} & {m.split(".")[0] for m in modules}

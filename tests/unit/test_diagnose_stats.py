@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from flight_profiler.diagnose import stats
-from flight_profiler.diagnose.model import DiagnoseOptions, DiagnoseResult, MethodTarget, PhaseResult
+from flight_profiler.diagnose.model import (
+    DiagnoseOptions,
+    DiagnoseResult,
+    MethodTarget,
+    PhaseResult,
+)
 from flight_profiler.errors import ExitCode, UsageError
 from flight_profiler.report.models import Finding, Report
 
@@ -64,11 +69,11 @@ def test_method_target_forms() -> None:
         MethodTarget.parse(["only_one"])
 
 
-def _result(tmp_path: Path, severity: str | None) -> DiagnoseResult:
+def _result(tmp_path: Path, severity: str | None, report: bool = True) -> DiagnoseResult:
     findings = [] if severity is None else [Finding("memory-leak", severity, "grows", "s")]
     result = DiagnoseResult(DiagnoseOptions(pid=1, out_dir=str(tmp_path)))
     result.phases.append(PhaseResult("report", "Report"))
-    result.report = Report(inputs=[], findings=findings)
+    result.report = Report(inputs=[], findings=findings) if report else None
     result.finished = result.started + 1
     return result
 
@@ -94,3 +99,13 @@ def test_fail_on_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str], s
     doc = json.loads(capsys.readouterr().out)
     assert doc["exit_code"] == code
     assert len(doc["findings"]) == (0 if severity is None else 1)
+
+
+def test_fail_on_without_a_report_is_not_a_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flight_profiler.cli.diagnose_cmd import finish
+
+    with pytest.raises(SystemExit) as exc:
+        finish(_result(tmp_path, None, report=False), "critical", as_json=True)
+    assert exc.value.code == ExitCode.COMMAND_FAILED
+    finish(_result(tmp_path, None, report=False), None, as_json=True)  # no --fail-on: exit 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["exit_code"] == 0

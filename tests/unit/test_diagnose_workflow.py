@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from support import TRACES
 
 from flight_profiler.diagnose.driver import PhaseTimeout
 from flight_profiler.diagnose.model import DiagnoseOptions, MethodTarget
 from flight_profiler.diagnose.workflow import run_diagnosis
 from flight_profiler.errors import RemoteCommandError, TorchMissing
+from support import TRACES
 
 Handler = Callable[[list[str], Any], dict[str, Any]]
 

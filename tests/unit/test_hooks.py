@@ -221,6 +221,38 @@ def test_callback_errors_are_swallowed_and_counted(mod: types.ModuleType) -> Non
     assert remove.hook.errors == 1  # type: ignore[attr-defined]
 
 
+def test_skip_lets_a_call_run_unobserved(mod: types.ModuleType) -> None:
+    exits: list[Any] = []
+
+    def enter(args: tuple, kwargs: Any) -> Any:
+        return hooks.SKIP if args[0] % 2 else args[0]
+
+    def on_exit(token: Any, value: Any, exc: Any, elapsed: int) -> None:
+        exits.append((token, value))
+
+    r1 = hooks.install(target(mod, "f"), enter, on_exit)
+    r2 = hooks.install(target(mod, "gen"), enter, on_exit)
+    try:
+        assert [mod.f(i, d=0)[0] for i in range(4)] == [0, 1, 2, 3]
+        assert list(mod.gen(3)) == [0, 1, 2] and list(mod.gen(2)) == [0, 1]
+        with pytest.raises(ValueError):  # a skipped call still raises what it raises
+            hooks_boom = hooks.install(target(mod, "boom"), lambda a, k: hooks.SKIP, on_exit)
+            try:
+                mod.boom(1)
+            finally:
+                hooks_boom()
+        # with two hooks, each skips for itself
+        r3 = hooks.install(target(mod, "f"), None, lambda t, v, e, n: exits.append(("both", v[0])))
+        try:
+            mod.f(5, d=0)
+        finally:
+            r3()
+    finally:
+        r1()
+        r2()
+    assert exits == [(0, mod.f(0, d=0)), (2, mod.f(2, d=0)), (2, "done"), ("both", 5)]
+
+
 def test_generator_whole_life_and_send(mod: types.ModuleType) -> None:
     rec = Recorder()
     remove = hooks.install(target(mod, "gen"), rec.enter, rec.exit)
@@ -281,6 +313,22 @@ def test_nested_function_including_closures_made_before(mod: types.ModuleType) -
     assert [c[2] for c in rec.calls] == [3, 15]
     assert mod.outer.__code__ is outer_code
     assert early.__code__ is inner_code
+
+
+def test_two_hooks_on_one_nested_function(mod: types.ModuleType) -> None:
+    a, b = Recorder(), Recorder()
+    outer_code = mod.outer.__code__
+    ra = hooks.install(target(mod, "outer", nested="inner"), None, a.exit)
+    rb = hooks.install(target(mod, "outer", nested="inner"), None, b.exit)  # resolved while hooked
+    try:
+        assert mod.outer(1)(2) == 3
+        ra()
+        assert mod.outer(1)(5) == 6
+    finally:
+        ra()
+        rb()
+    assert [c[2] for c in a.calls] == [3] and [c[2] for c in b.calls] == [3, 6]
+    assert mod.outer.__code__ is outer_code
 
 
 def test_nonlocal_writes_still_reach_the_shared_cell(mod: types.ModuleType) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -108,6 +109,8 @@ def test_gdb_scripts_cast_every_call_and_pick_the_pending_api(version) -> None:
                 # stripped interpreters have no debug info: a bare call would fail
                 assert f"){fn})" in line or f"){fn}" in line, line
     assert "malloc" not in scripts  # the main thread may be inside malloc
+    # symbols only from libpython/libc (all of a torch process's libraries take seconds)
+    assert "sharedlibrary libpython" in scripts
     if version >= (3, 12):
         assert "_PyEval_AddPendingCall" in scripts and "PyInterpreterState_Main" in scripts
     else:
@@ -127,3 +130,29 @@ def test_main_thread_state_words() -> None:
     assert gdb.GdbOutcome("helper", 230, False).main_thread_state() == (
         "parked in syscall 230, without the GIL")
     assert gdb.GdbOutcome("pending", -1, True).main_thread_state() == "running, holding the GIL"
+
+
+def test_helper_compiles_on_demand_and_exports_its_entry_point(tmp_path, monkeypatch) -> None:
+    import ctypes
+
+    from flight_profiler.attach import helper
+
+    path = helper.compile_helper(str(tmp_path))
+    assert os.stat(path).st_mode & 0o777 == 0o755
+    lib = ctypes.CDLL(path)
+    assert lib.fp_inject_start(None) == -1  # NULL code: refused, no thread started
+    # found again from the cache without compiling
+    monkeypatch.setattr(helper, "prebuilt", lambda: None)
+    monkeypatch.setattr(helper, "cache_dir", lambda: str(tmp_path))
+    assert helper.find_helper() == (path, "compiled earlier into the cache")
+
+
+def test_no_compiler_means_pending_calls_only_and_says_so(tmp_path, monkeypatch) -> None:
+    from flight_profiler.attach import helper
+
+    monkeypatch.setattr(helper, "prebuilt", lambda: None)
+    monkeypatch.setattr(helper, "cache_dir", lambda: str(tmp_path / "empty"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    path, why = helper.find_helper()
+    assert path is None
+    assert "only pending calls can be used" in why

@@ -43,6 +43,7 @@ def test_parse_status_fields() -> None:
     assert st.state == "S" and st.tracer_pid == 0 and st.uids == (1000, 1000, 1000, 1000)
     assert st.ns_pid == 17  # the innermost pid namespace: how a containerised target sees itself
     assert st.cap_eff & (1 << process.CAP_SYS_PTRACE)
+    assert st.tgid == 4242
 
 
 @pytest.mark.parametrize(
@@ -99,6 +100,17 @@ def test_inspect_live_processes() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_thread_id_is_not_a_process(spawn_target) -> None:
+    from flight_profiler.errors import UsageError
+
+    t = spawn_target("import threading, time\n"
+                     "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                     "print('READY', flush=True)\ntime.sleep(60)\n")
+    tids = [int(x) for x in os.listdir(f"/proc/{t.pid}/task") if int(x) != t.pid]
+    with pytest.raises(UsageError, match=f"is a thread of process {t.pid}"):
+        process.inspect(tids[0])
 
 
 def test_stopped_and_traced_python_targets(spawn_target) -> None:

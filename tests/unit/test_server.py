@@ -217,17 +217,29 @@ def test_peer_credentials_refuse_another_user(agent: str) -> None:
 
 
 def test_forked_child_closes_inherited_listener_without_unlinking(agent: str) -> None:
+    # GIVEN a running request with a hook installed
+    c = _client(agent)
+    req = c.start("t_stream")
+    next(iter(c.messages(req)))
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: the at-fork hook ran; report what the child sees
         try:
-            os.write(w, b"%d" % int(server.running()))
+            os.write(w, b"%d %s" % (int(server.running()), ",".join(REMOVED).encode()))
         finally:
             os._exit(0)
     os.close(w)
-    assert os.read(r, 10) == b"0"
+    # THEN the child does not serve, and it dropped its copy of the hook
+    assert os.read(r, 100) == b"0 hook"
     os.waitpid(pid, 0)
-    assert os.path.exists(agent) and _hooks(agent) == []  # the parent's agent is intact
+    # and the parent's agent is intact: socket, hook, and the stream goes on
+    assert os.path.exists(agent) and REMOVED == []
+    assert _hooks(agent) == ["test hook on f"]
+    kind, _ = next(iter(c.messages(req)))
+    assert kind == "event"
+    c.cancel(req)
+    c.drain(req)
+    c.close()
 
 
 def test_stale_socket_is_detected_and_removed(tmp_path) -> None:
@@ -238,3 +250,23 @@ def test_stale_socket_is_detected_and_removed(tmp_path) -> None:
     with pytest.raises(NoAgent, match="stale"):
         AgentClient.connect(path, os.getpid(), 0)
     assert not os.path.exists(path)
+
+
+def test_api_session_stream_and_early_break_cancels(agent: str) -> None:
+    from flight_profiler.api import Session
+
+    session = Session(os.getpid(), _client(agent), injected=False, attach_seconds=0.0)
+    events = []
+    for event in session.stream("t_stream", {"limit": 1000}):
+        events.append(event["tick"])
+        if len(events) == 3:
+            break  # leaving the loop cancels the request
+    assert events == [1, 2, 3]
+    assert session.last_result is not None and session.last_result["cancelled"] is True
+    assert REMOVED == ["hook"]
+    # a stream that ends by itself returns its result the same way
+    assert [e["tick"] for e in session.stream("t_stream", {"limit": 2})] == [1, 2]
+    assert session.last_result == {"ticks": 2, "cancelled": False}
+    with session:
+        assert session.request("status")["active_hooks"] == []
+    assert session.client is None  # the with-block closed it

@@ -108,6 +108,20 @@ def test_window_mode_sees_other_threads(tmp_path):
     assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"] if e.get("cat") == "cpu_op")
 
 
+def test_timeout_after_some_calls_keeps_what_was_recorded(work, tmp_path):
+    calls = []
+
+    def drive() -> None:
+        if not calls and hooks.active():
+            calls.append(work.train_step(0))  # one call, then the method is never called again
+
+    result, _ = run_handler("torch profile", {"target": spec(work.__name__, "train_step"), "calls": 3,
+                                              "timeout": 0.5, "path": str(tmp_path / "t.json")}, drive=drive)
+    assert result["calls_recorded"] == 1 and result["timed_out"] is True
+    assert any(e.get("name") == "aten::addmm" for e in load_trace(tmp_path / "t.json")["traceEvents"])
+    assert hooks.active() == []
+
+
 def test_needs_method_or_duration(tmp_path):
     with pytest.raises(CommandError):
         run_handler("torch profile", {"path": str(tmp_path / "x.json")})

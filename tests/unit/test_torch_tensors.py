@@ -49,8 +49,14 @@ def test_leaked_losses_are_named_by_holder_path(work, tmp_path):
     for i in range(40):
         work.train_step(i)
     result, doc = census(tmp_path)
-    assert set(doc) >= CENSUS_KEYS
+    assert set(doc) == CENSUS_KEYS
     assert doc["format"] == "flight_profiler.census" and doc["version"] == 1
+    assert set(doc["totals"]) == {"count", "bytes", "with_grad_fn", "graph_bytes", "by_device"}
+    assert set(doc["totals"]["by_device"]["cpu"]) == {"count", "bytes"}
+    assert all(set(g) == {"device", "dtype", "shape", "count", "bytes", "with_grad_fn"} for g in doc["groups"])
+    assert all(set(h) == {"path", "example", "kind", "count", "bytes", "with_grad_fn", "graph_bytes"}
+               for h in doc["holders"])
+    assert set(doc["skipped"]) == {"objects", "reason"} and doc["sites"] == []
     h = holder(doc, "fp_torch_workload.losses[*]")
     assert h["count"] == 40 and h["with_grad_fn"] == 40 and h["kind"] == "list"
     assert h["example"].startswith("fp_torch_workload.losses[")

@@ -216,7 +216,7 @@ def test_flood_drops_with_a_count_and_stays_bounded(
         time.sleep(0.01)
 
     run_box: dict[str, Any] = {}
-    ctx = Context({"target": spec(mod, "work"), "timeout": 1.0}, emit=slow_emit)
+    ctx = Context({"target": spec(mod, "work"), "timeout": 30}, emit=slow_emit)
     thread = threading.Thread(target=lambda: run_box.update(registry.run(ctx, "watch")), daemon=True)
     thread.start()
     while not states:
@@ -227,10 +227,14 @@ def test_flood_drops_with_a_count_and_stays_bounded(
         mod.work(i)
         if i % 500 == 0:
             peak = max(peak, len(states[0].queue))
-    thread.join(10)
-    assert not thread.is_alive(), "a slow client kept the watch past its --timeout"
+    deadline = time.monotonic() + 5
+    while not any(e["type"] == "dropped" for e in events) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the drop notice comes while the backlog is still being sent
+    ctx.cancel()  # Ctrl-C: ends at once, however much the slow client still has to read
+    thread.join(5)
+    assert not thread.is_alive(), "a slow client kept the watch alive after cancel"
     result = run_box
-    assert result["reason"] == "timeout"
+    assert result["reason"] == "cancelled"
     assert result["dropped"] > 40_000
     assert result["events"] + result["dropped"] == result["matched"] == 50_000
     assert peak <= watch_cmd.QUEUE_MAX
@@ -274,6 +278,9 @@ def test_bad_expression_and_target_are_usage_errors(mod: types.ModuleType) -> No
     with pytest.raises(CommandError) as err:
         registry.run(Context({"target": spec(mod, "work"), "expr": "params["}), "watch")
     assert err.value.kind == "usage" and "invalid --expr 'params['" in err.value.message
+    with pytest.raises(CommandError) as err:
+        registry.run(Context({"target": spec(mod, "work"), "count": "three"}), "watch")
+    assert err.value.kind == "usage" and err.value.message == "count must be a number, got 'three'"
     with pytest.raises(CommandError) as err:
         registry.run(Context({"target": spec(mod, "wrok")}), "watch")
     assert err.value.kind == "not_found" and "did you mean 'work'?" in err.value.message

@@ -131,9 +131,13 @@ def bootstrap(params: dict[str, Any]) -> None:
 
         holder = types.ModuleType(_NAME + "_boot")
         holder.lock = _thread.allocate_lock()  # type: ignore[attr-defined]
-        lock = sys.modules.setdefault(_NAME + "_boot", holder).lock  # type: ignore[attr-defined]
+        lock = sys.modules.setdefault(_NAME + "_boot", holder).lock
         if not lock.acquire(True, 60):
             return
+        # `stack` hides this thread too while it is still busy starting the agent
+        holder = sys.modules[_NAME + "_boot"]
+        me = _thread.get_ident()
+        holder.busy = getattr(holder, "busy", frozenset()) | {me}  # type: ignore[attr-defined]
         try:
             _load_agent(str(params["pkg"]))
             if main_ident is not None:
@@ -143,6 +147,7 @@ def bootstrap(params: dict[str, Any]) -> None:
             server = importlib.import_module(_NAME + ".server")
             server.start(params)
         finally:
+            holder.busy = holder.busy - {me}  # type: ignore[attr-defined]
             lock.release()
     except BaseException as exc:  # never let anything reach the target's thread
         try:

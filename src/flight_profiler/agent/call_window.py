@@ -1,26 +1,58 @@
-"""Run something around a method's next N calls, in the thread that makes them.
+"""Run something around each of a method's next N calls, in the thread that makes them.
 
-``record_calls(ctx, spec, calls, timeout, start, stop, step)``: hooks the target (targets.resolve
-+ hooks.install, registered with ctx.add_hook so it comes off however the request ends);
-the first call's thread runs ``start()`` just before the body, every finished call runs
-``step()``, the Nth runs ``stop()`` right after it. Other threads' calls, and recursive calls
-inside a recorded one, are not counted (profilers are per thread). The handler's thread waits
-with ctx.wait, streams progress events, and honours cancel and the timeout: if calls are
-still running then, the recording is stopped at the end of the current call and what was
-recorded so far is used. Nothing here runs in the target's threads except start/step/stop
-and a few attribute updates; exceptions from them are kept for the handler, never raised
-into the target.
+``record_calls(ctx, spec, calls, timeout, start, stop)``: hooks the target (targets.resolve +
+hooks.install, registered with ctx.add_hook so it comes off however the request ends); call
+number i runs ``start(i)`` in its own thread just before the body and ``stop(i)`` right after
+it. Only one thread's calls are recorded (the first to call), one call at a time; recursive
+calls inside a recorded one are not counted.
+
+Why a session per call rather than one spanning all N calls: a profiler belongs to the thread
+that started it and can only be stopped there. If it ran between calls and the method were
+never called again (or the user pressed Ctrl-C meanwhile), nothing could ever stop it: it would
+record that thread forever. With one session per call, once the hook is off at most one call is
+still in flight, and its own end stops its session.
+
+The handler's thread waits with ctx.wait, streams progress events, honours cancel and the
+timeout (no new call starts after them; a call in flight is waited for briefly, and otherwise
+stops its session itself later, its data discarded through ``Sessions.close``). Exceptions from
+start/stop are kept for the handler, never raised into the target.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from . import hooks, targets
 from .protocol import ERR_FAILED
 from .registry import CommandError, Context
+
+IN_FLIGHT_GRACE_S = 10.0
+
+
+class Sessions:
+    """What stop() produced, per call; closed once the handler takes it (late ones dropped)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: list[tuple[int, Any]] = []
+        self._closed = False
+
+    def keep(self, index: int, item: Any) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._kept.append((index, item))
+            return True
+
+    def close(self) -> list[tuple[int, Any]]:
+        with self._lock:
+            self._closed = True
+            kept, self._kept = self._kept, []
+        kept.sort(key=lambda pair: pair[0])
+        return kept
 
 
 class _State:
@@ -30,75 +62,60 @@ class _State:
         self.finished = 0
         self.thread: int | None = None
         self.depth = 0
-        self.active = False
-        self.stop_requested = False
+        self.closed = False  # no new call may start
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.lock = threading.Lock()
 
 
 def record_calls(ctx: Context, spec: dict[str, Any], calls: int, timeout: float,
-                 start: Callable[[], None], stop: Callable[[], None],
-                 step: Callable[[], None] | None = None, what: str = "recording") -> dict[str, Any]:
-    """Returns {"calls_recorded", "target", "timed_out", "cancelled", "thread"}."""
+                 start: Callable[[int], None], stop: Callable[[int], None],
+                 what: str = "recording") -> dict[str, Any]:
+    """Returns {"calls_recorded", "calls_requested", "target", "timed_out", "cancelled", "in_flight"}."""
     target = targets.resolve(spec)
     state = _State(calls)
 
-    def finish() -> None:
-        state.active = False
-        try:
-            stop()
-        except BaseException as exc:  # kept for the handler
-            state.error = exc
-        state.done.set()
-
-    def on_enter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def on_enter(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         me = threading.get_ident()
         with state.lock:
-            if state.done.is_set() or (state.stop_requested and not state.active):
+            if state.thread is not None and state.thread != me:
                 return None
-            if state.thread is None:
-                state.thread = me
-            elif state.thread != me:
+            if state.depth > 0:  # recursion inside a recorded call
+                state.depth += 1
                 return None
-            state.depth += 1
-            if state.depth > 1:
-                return None  # recursion inside a recorded call
-            first = not state.active
-            state.active = True
+            if state.closed or state.started >= state.calls:
+                return None
+            state.thread = me
+            state.depth = 1
+            index = state.started
             state.started += 1
-        if first:
-            try:
-                start()
-            except BaseException as exc:
-                state.error = exc
-                state.active = False
-                state.done.set()
-                return None
-        return state
+        try:
+            start(index)
+        except BaseException as exc:  # kept for the handler
+            state.error = exc
+            with state.lock:
+                state.closed = True
+                state.depth = 0
+            state.done.set()
+            return None
+        return index
 
     def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         if token is None:
-            if threading.get_ident() == state.thread:
-                with state.lock:
-                    state.depth = max(0, state.depth - 1)
+            with state.lock:
+                if threading.get_ident() == state.thread and state.depth > 1:
+                    state.depth -= 1
             return
+        try:
+            stop(token)
+        except BaseException as err:
+            state.error = err
         with state.lock:
-            state.depth -= 1
+            state.depth = 0
             state.finished += 1
-            last = state.finished >= state.calls or state.stop_requested
-        if step is not None and not last:
-            try:
-                step()
-            except BaseException as err:
-                state.error = err
-        if last and state.active:
-            if step is not None:
-                try:
-                    step()
-                except BaseException as err:
-                    state.error = err
-            finish()
+            last = state.finished >= state.calls
+        if last:
+            state.done.set()
 
     remove = hooks.install(target, on_enter, on_exit)
     ctx.add_hook(f"{what} of {target.description} ({calls} calls)", remove)
@@ -118,31 +135,33 @@ def record_calls(ctx: Context, spec: dict[str, Any], calls: int, timeout: float,
         if time.monotonic() > deadline:
             timed_out = True
             break
-    if not state.done.is_set():
-        with state.lock:
-            state.stop_requested = True
-            running = state.active
-        remove()
-        if running:
-            # A call is under way in the target: its end stops the recording (in its thread).
-            state.done.wait(min(30.0, max(5.0, timeout)))
-            if not state.done.is_set():
-                raise CommandError(
-                    f"{target.description} is still running its call after the "
-                    f"{'cancel' if cancelled else 'timeout'}; the recording stops when it returns "
-                    "and is discarded",
-                    "raise --timeout so that the calls fit in it",
-                    ERR_FAILED,
-                )
+    with state.lock:
+        state.closed = True
+        in_flight = state.started > state.finished
     remove()
+    if in_flight and not state.done.is_set():
+        # Its session stops when the call returns, in its thread; wait a little for it.
+        grace = time.monotonic() + min(IN_FLIGHT_GRACE_S, max(1.0, timeout))
+        while state.started > state.finished and time.monotonic() < grace:
+            if ctx.wait(0.05) and not cancelled:
+                cancelled = True
+        with state.lock:
+            in_flight = state.started > state.finished
     if state.error is not None:
         raise CommandError(f"{what} failed in the target's thread: {state.error!r}", "", ERR_FAILED)
     if state.finished == 0:
-        why = "cancelled" if cancelled else f"no call of {target.description} within {timeout:g} s"
+        if in_flight:
+            why = (f"the first call of {target.description} did not return within the "
+                   f"{'cancel' if cancelled else 'timeout'}; its recording is discarded when it does")
+        elif cancelled:
+            why = "cancelled before any call"
+        else:
+            why = f"no call of {target.description} within {timeout:g} s"
         raise CommandError(why, "is the method being called? check with `watch`; raise --timeout",
                            ERR_FAILED)
     ctx.emit({"event": "progress", "what": what, "target": target.description,
               "calls_done": state.finished, "calls": calls,
               "message": f"recorded {state.finished} of {calls} calls of {name}"})
-    return {"calls_recorded": state.finished, "calls_requested": calls, "target": target.description,
-            "timed_out": timed_out, "cancelled": cancelled}
+    return {"calls_recorded": state.finished, "calls_requested": calls,
+            "target": target.description, "timed_out": timed_out, "cancelled": cancelled,
+            "in_flight": in_flight}

@@ -29,6 +29,7 @@ _ATOMIC = frozenset({int, float, str, bytes, bool, type(None), complex, range, s
 _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                types.CodeType, types.FrameType, types.TracebackType, types.GeneratorType)
 _HEAPTYPE = 1 << 9
+_tracked = gc.is_tracked
 _CO_OPTIMIZED = 0x0001
 _IDLIKE = re.compile(r"^(?:\d+|[0-9a-fA-F]{8,}|[0-9a-fA-F-]{32,36}|0x[0-9a-fA-F]+)$")
 
@@ -240,10 +241,7 @@ def _may_hold(obj: Any, t: type) -> bool:
             values = d.values()
         else:
             return False
-        for v in values:
-            if type(v) not in _ATOMIC:
-                return True
-        return False
+        return any(type(v) not in _ATOMIC for v in values)
     except Exception:  # no __dict__, or mutated while we looked
         return False
 
@@ -251,14 +249,18 @@ def _may_hold(obj: Any, t: type) -> bool:
 def _expand(obj: Any, cid: int, visit: Any, module_type: Any) -> None:
     t = type(obj)
     try:
+        # The loops below are the hot path (one iteration per member of every container):
+        # untracked dicts/tuples (atomic contents only) are dropped here, without a call.
         if t is list or t is tuple or t is collections.deque:
             kind = t.__name__
             for i, v in enumerate(list(obj)):
-                if type(v) not in _ATOMIC:
+                tv = type(v)
+                if tv not in _ATOMIC and not ((tv is dict or tv is tuple) and not _tracked(v)):
                     visit(cid, INDEX, i, v, kind)
         elif issubclass(t, dict):
             for k, v in list(obj.items()):
-                if type(v) not in _ATOMIC:
+                tv = type(v)
+                if tv not in _ATOMIC and not ((tv is dict or tv is tuple) and not _tracked(v)):
                     visit(cid, KEY, k, v, "dict")
         elif t is set or t is frozenset:
             for v in list(obj):

@@ -6,6 +6,9 @@
   ``args`` holds the positional parameters as bound (``self`` first for methods) plus any
   ``*args``, ``kwargs`` the keyword-only parameters plus any ``**kwargs`` (a read-only empty
   mapping for functions that take neither: no dict is built per call).
+  Returning :data:`SKIP` means "not this call": its ``on_exit`` is not called, and with a
+  single hook the call then runs without being timed at all (a filter on arguments costs only
+  itself for the calls it rejects).
 * ``on_exit(token, return_value, exception_or_None, elapsed_ns)`` runs right after it, in the
   same thread; ``elapsed_ns`` excludes the callbacks' own time.
 * Generators, coroutines and async generators: one enter/exit pair per object LIFE. Enter runs
@@ -56,7 +59,7 @@ from typing import Any, Callable, Optional
 
 from .protocol import ERR_USAGE
 from .registry import CommandError
-from .targets import Target
+from .targets import HOOK_FILE_PREFIX, Target
 
 CodeType = types.CodeType
 FunctionType = types.FunctionType
@@ -72,13 +75,23 @@ _CO_ASYNC_GENERATOR = 0x200
 
 _K = "__flight_profiler_constants__"  # string constant replaced by the wrapper's constants tuple
 _FAILED = object()  # token of a hook whose on_enter raised: its on_exit is skipped
+
+
+class _Skip:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "hooks.SKIP"
+
+
+SKIP: Any = _Skip()  # what on_enter returns to let a call run unobserved
 _clock = time.perf_counter_ns
 # Layout of the constants tuple: K[0] the original function (None for nested targets, whose
 # original is made per call), K[1] the clock, K[2] _FAILED, K[3] a read-only empty mapping
 # (the kwargs of functions without keyword-only parameters or **kwargs: no dict per call),
-# then (on_enter, on_exit, count_error) per hook.
+# K[4] SKIP, then (on_enter, on_exit, count_error) per hook.
 _NO_KWARGS: Mapping[str, Any] = types.MappingProxyType({})
-_HOOK_BASE = 4
+_HOOK_BASE = 5
 
 
 class _Constants(tuple):  # type: ignore[type-arg]
@@ -114,9 +127,9 @@ class Hook:
 
 # -- wrapper code generation -----------------------------------------------------------------
 # The wrapper is generated per set of hooks (rebuilt on every install/remove), so a call pays
-# only for its own hooks: no dispatch loop, no per-call lookup of who is listening. Callbacks
-# are reached as ``__fp_k__[i]``, a local bound to the constants tuple (a subscript of a
-# constant string literal would be folded by the compiler, hence the local).
+# only for its own hooks: no dispatch loop, no per-call lookup of who is listening. The
+# constants tuple is unpacked into locals once per call (one operation; every later use is the
+# cheapest load there is). A string literal stands for it at compile time and is then replaced.
 
 
 def _signature_parts(code: CodeType) -> tuple[str, str, str, str]:
@@ -151,44 +164,58 @@ def _signature_parts(code: CodeType) -> tuple[str, str, str, str]:
     return ", ".join(params), pos, ", ".join(kw_items), ", ".join(call)
 
 
+def _constant_names(hooks: tuple[Hook, ...]) -> list[str]:
+    """Local names of the constants tuple's items, in its layout (see ``_HOOK_BASE``)."""
+    names = ["__fp_f__", "__fp_clock__", "__fp_failed__", "__fp_nokw__", "__fp_skip__"]
+    for i in range(len(hooks)):
+        names += [f"__fp_enter{i}__", f"__fp_exit{i}__", f"__fp_error{i}__"]
+    return names
+
+
 def _enter_lines(hooks: tuple[Hook, ...], pos: str, kw: str) -> list[str]:
-    k = "__fp_k__"
-    lines = [f"__fp_a__ = ({pos})", f"__fp_w__ = {{{kw}}}" if kw else f"__fp_w__ = {k}[3]"]
+    lines = [
+        f"__fp_a__ = ({pos})",
+        f"__fp_w__ = {{{kw}}}" if kw else "__fp_w__ = __fp_nokw__",
+    ]
     for i, hook in enumerate(hooks):
-        base = _HOOK_BASE + 3 * i
         if hook.on_enter is None:  # the token is the arguments themselves: no call at all
             lines.append(f"__fp_t{i}__ = (__fp_a__, __fp_w__)")
             continue
         lines += [
             "try:",
-            f"    __fp_t{i}__ = {k}[{base}](__fp_a__, __fp_w__)",
+            f"    __fp_t{i}__ = __fp_enter{i}__(__fp_a__, __fp_w__)",
             "except Exception:",
-            f"    __fp_t{i}__ = {k}[2]",
-            f"    {k}[{base + 2}]()",
+            f"    __fp_t{i}__ = __fp_failed__",
+            f"    __fp_error{i}__()",
         ]
-    lines.append("del __fp_a__, __fp_w__")  # a generator must not hold the arguments alive
-    lines.append(f"__fp_c__ = {k}[1]()")
+    lines.append("__fp_c__ = __fp_clock__()")
     return lines
 
 
 def _exit_lines(hooks: tuple[Hook, ...], value: str, exc: str) -> list[str]:
-    k = "__fp_k__"
-    lines = [f"__fp_n__ = {k}[1]() - __fp_c__"]
+    lines = ["__fp_n__ = __fp_clock__() - __fp_c__"]
     for i, hook in enumerate(hooks):
-        base = _HOOK_BASE + 3 * i
         call = [
             "try:",
-            f"    {k}[{base + 1}](__fp_t{i}__, {value}, {exc}, __fp_n__)",
+            f"    __fp_exit{i}__(__fp_t{i}__, {value}, {exc}, __fp_n__)",
             "except Exception:",
-            f"    {k}[{base + 2}]()",
+            f"    __fp_error{i}__()",
         ]
         if hook.on_enter is not None:
-            call = [f"if __fp_t{i}__ is not {k}[2]:", *("    " + c for c in call)]
+            call = [
+                f"if __fp_t{i}__ is not __fp_failed__ and __fp_t{i}__ is not __fp_skip__:",
+                *("    " + c for c in call),
+            ]
         lines += call
     return lines
 
 
 def _body(kind: str, hooks: tuple[Hook, ...], pos: str, kw: str, callee: str, call: str) -> list[str]:
+    prologue = [f"__fp_k__ = {_K!r}", f"{', '.join(_constant_names(hooks))}, = __fp_k__"]
+    return prologue + _main(kind, hooks, pos, kw, callee, call)
+
+
+def _main(kind: str, hooks: tuple[Hook, ...], pos: str, kw: str, callee: str, call: str) -> list[str]:
     enter = _enter_lines(hooks, pos, kw)
     if kind == "async_generator":  # no ``yield from`` here: forward asend/athrow/aclose by hand
         loop = [
@@ -218,6 +245,14 @@ def _body(kind: str, hooks: tuple[Hook, ...], pos: str, kw: str, callee: str, ca
         ]
         return loop
     how = {"generator": "yield from ", "coroutine": "await "}.get(kind, "")
+    if len(hooks) == 1 and hooks[0].on_enter is not None:
+        # SKIP: run the call as if unhooked, not even timed (the clock costs as much as a filter)
+        clock_line = enter.pop()
+        enter += [
+            "if __fp_t0__ is __fp_skip__:",
+            f"    return ({how}{callee}({call}))",
+            clock_line,
+        ]
     return [
         *enter,
         "try:",
@@ -271,14 +306,13 @@ def make_wrapper(
         lines.append(("            nonlocal " + ", ".join(free)) if free else "            pass")
         callee = "__fp_orig__"
     else:
-        callee = "__fp_k__[0]"
-    lines.append(f"        __fp_k__ = {_K!r}")
+        callee = "__fp_f__"
     lines += ["        " + ln for ln in _body(kind, hooks, pos, kw, callee, call)]
     lines.append("    return __fp_wrapper__")
-    filename = f"<flight_profiler hook of {orig.co_filename}:{orig.co_firstlineno}>"
+    filename = f"{HOOK_FILE_PREFIX} of {orig.co_filename}:{orig.co_firstlineno}>"
     outer = compile("\n".join(lines) + "\n", filename, "exec", dont_inherit=True)
     wrapper = _find_code(_find_code(outer, "__fp_outer__"), "__fp_wrapper__")
-    constants: list[Any] = [orig_function, _clock, _FAILED, _NO_KWARGS]
+    constants: list[Any] = [orig_function, _clock, _FAILED, _NO_KWARGS, SKIP]
     for hook in hooks:
         constants += [hook.on_enter, hook.on_exit, hook.count_error]
     consts = []

@@ -117,6 +117,12 @@ class Server:
 
     # -- serving -------------------------------------------------------------------------------
     def _serve(self) -> None:
+        try:
+            self._accept_loop()
+        except BaseException:  # never reach threading.excepthook (it prints to stderr)
+            log.exception("server thread failed")
+
+    def _accept_loop(self) -> None:
         listener = self.listener
         while listener is not None and not self._stopping.is_set():
             try:

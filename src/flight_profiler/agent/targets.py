@@ -156,11 +156,24 @@ def _as_function(raw: Any, where: str, name: str) -> tuple[FunctionType, str]:
     return raw, kind
 
 
+HOOK_FILE_PREFIX = "<flight_profiler hook"  # co_filename of hooks.py's wrapper code
+
+
+def _unhooked(const: CodeType) -> CodeType:
+    """A nested function's own code, looking through a hook already installed on it."""
+    if const.co_filename.startswith(HOOK_FILE_PREFIX):
+        for inner in const.co_consts:
+            if isinstance(inner, CodeType):
+                return inner
+    return const
+
+
 def _nested_code(code: CodeType, name: str) -> list[CodeType]:
     """Code objects named ``name`` defined (at any depth) inside ``code``."""
     found: list[CodeType] = []
     for const in code.co_consts:
         if isinstance(const, CodeType):
+            const = _unhooked(const)
             if const.co_name == name:
                 found.append(const)
             else:
@@ -172,6 +185,7 @@ def _nested_names(code: CodeType) -> list[str]:
     names: list[str] = []
     for const in code.co_consts:
         if isinstance(const, CodeType):
+            const = _unhooked(const)
             names.append(const.co_name)
             names.extend(_nested_names(const))
     return names

@@ -23,22 +23,46 @@ from .torch_support import quiet_native_stderr, write_json
 SORT_KEYS = ("self_cpu", "cpu_total", "self_cuda", "count")
 
 
-def export(prof: Any, path: str, trace_name: str) -> tuple[int, dict[str, Any]]:
-    """(size written, trace dict) for a stopped profiler."""
+def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str, Any]]:
+    """(size written, trace dict) for stopped profiler sessions, merged into one trace.
+
+    Sessions of one process share the trace clock (baseTimeNanoseconds), so their events
+    merge as they are; metadata events repeated by each session are kept once.
+    """
+    merged: dict[str, Any] | None = None
+    seen_meta: set[str] = set()
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".fp-trace-", suffix=".json", dir=directory)
-    os.close(fd)
-    try:
-        with quiet_native_stderr():
-            prof.export_chrome_trace(tmp)
-        with open(tmp, "rb") as f:
-            trace = json.load(f)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    if not isinstance(trace, dict):
-        trace = {"traceEvents": trace}
-    return finish_trace(trace, path, trace_name), trace
+    while profs:
+        prof = profs.pop(0)
+        fd, tmp = tempfile.mkstemp(prefix=".fp-trace-", suffix=".json", dir=directory)
+        os.close(fd)
+        try:
+            with quiet_native_stderr():
+                prof.export_chrome_trace(tmp)
+            del prof
+            with open(tmp, "rb") as f:
+                trace = json.load(f)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if not isinstance(trace, dict):
+            trace = {"traceEvents": trace}
+        events = []
+        for e in trace.get("traceEvents") or []:
+            if isinstance(e, dict) and e.get("ph") == "M":
+                key = json.dumps(e, sort_keys=True)
+                if key in seen_meta:
+                    continue
+                seen_meta.add(key)
+            events.append(e)
+        if merged is None:
+            merged = trace
+            merged["traceEvents"] = events
+        else:
+            merged["traceEvents"].extend(events)
+    if merged is None:
+        merged = {"traceEvents": []}
+    return finish_trace(merged, path, trace_name), merged
 
 
 def finish_trace(trace: dict[str, Any], path: str, trace_name: str) -> int:

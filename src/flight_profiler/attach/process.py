@@ -10,7 +10,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from flight_profiler.errors import AttachFailed, NotPython, PermissionDenied, ProcessNotFound
+from flight_profiler.errors import (
+    AttachFailed,
+    NotPython,
+    PermissionDenied,
+    ProcessNotFound,
+    UsageError,
+)
 
 CAP_SYS_PTRACE = 19
 
@@ -49,6 +55,7 @@ class Status:
     uids: tuple[int, int, int, int]
     ns_pid: int
     cap_eff: int
+    tgid: int = 0
 
 
 def parse_status(text: str) -> Status:
@@ -64,6 +71,7 @@ def parse_status(text: str) -> Status:
         uids=(uids + (uids[-1],) * 4)[:4],  # type: ignore[arg-type]
         ns_pid=int(ns[-1]) if ns else 0,
         cap_eff=int(fields.get("CapEff", "0"), 16),
+        tgid=int(fields.get("Tgid", "0") or 0),
     )
 
 
@@ -198,6 +206,9 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
                                permission_hint(ptrace_scope(), in_container())) from None
     if status.state in ("Z", "X"):
         raise ProcessNotFound(f"process {pid} has exited (zombie)")
+    if status.tgid and status.tgid != pid:
+        raise UsageError(f"{pid} is a thread of process {status.tgid}, not a process",
+                         f"use the process id: `flight_profiler {status.tgid}`")
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
         maps = str(_read(f"/proc/{pid}/maps"))

@@ -67,6 +67,20 @@ def ensure_private_dir(path: str, uid: int) -> None:
         )
 
 
+def private_dir(uid: int, root: str) -> str:
+    """The target's private directory as we see it, created if needed, checked."""
+    outer_dir = protocol.socket_dir(uid, root)
+    if root != "/":
+        # An absolute symlink inside /proc/PID/root resolves against OUR root: never follow a
+        # /tmp that the target's filesystem made a symlink.
+        tmp = os.path.dirname(outer_dir)
+        if os.path.islink(tmp) or not os.path.isdir(tmp):
+            raise PermissionDenied(f"{tmp} is not a plain directory; refusing to use it",
+                                   "the target's /tmp must be a real directory")
+    ensure_private_dir(outer_dir, uid)
+    return outer_dir
+
+
 def _chown_tree(path: str, uid: int) -> None:
     if os.geteuid() != 0 or uid == 0:
         return
@@ -79,8 +93,7 @@ def _chown_tree(path: str, uid: int) -> None:
 def stage(uid: int, ns_pid: int, root: str, helper: str | None) -> Staged:
     """Copy agent + helper into the target's private dir (once per content hash)."""
     inner_dir = protocol.socket_dir(uid)  # as the target sees it
-    outer_dir = protocol.socket_dir(uid, root)  # as we see it
-    ensure_private_dir(outer_dir, uid)
+    outer_dir = private_dir(uid, root)  # as we see it
     files = _agent_files()
     digest = _digest(files, helper)
     name = f"agent-{digest}"

@@ -35,8 +35,7 @@ def demo(workload: str, out_dir: str | None, calls: int, duration: float, timeou
     """
     from rich.console import Console
 
-    from flight_profiler.api import connect
-    from flight_profiler.cli.diagnose_cmd import _leave, finish
+    from flight_profiler.cli.diagnose_cmd import _leave, attach, finish
     from flight_profiler.diagnose import DiagnoseOptions
     from flight_profiler.diagnose.driver import SessionDriver
     from flight_profiler.diagnose.launch import start_workload
@@ -55,13 +54,13 @@ def demo(workload: str, out_dir: str | None, calls: int, duration: float, timeou
         console.print(f"demo: workload running as pid {job.pid}; now the equivalent of\n"
                       f"  flight_profiler diagnose {job.pid} {target.words} --out {out}\n",
                       highlight=False)
-        session = connect(job.pid, timeout=timeout)
+        session = attach(job.pid, out, timeout)
         driver = SessionDriver(session, connect_timeout=timeout)
         progress = make_progress()
         options = DiagnoseOptions(pid=job.pid, target=target, out_dir=out, calls=calls,
                                   duration=duration, timeout=timeout)
         try:
-            result = run_diagnosis(driver, options, progress)
+            result = run_diagnosis(driver, options, progress, session.attach_seconds)
         finally:
             progress.close()
             _leave(driver)

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from flight_profiler.errors import ExitCode
 
+if TYPE_CHECKING:
+    from flight_profiler.api import Session
+
 SEVERITIES = ("info", "warning", "critical")
+# Injecting the agent took up to several seconds on a loaded 2-core machine: a short --timeout
+# (meant for the method's calls) must not make the attach itself fail.
+ATTACH_TIMEOUT_MIN = 10.0
 
 
 @click.command(
@@ -36,7 +44,7 @@ SEVERITIES = ("info", "warning", "critical")
               help="Seconds: the profile window when no method is given, and the least time "
                    "between the before/after censuses (growth needs time).")
 @click.option("--timeout", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
-              help="Seconds to attach, and that each phase may wait for the method to be called.")
+              help="Seconds each phase may wait for the method to be called (and to attach, at least 10).")
 @click.option("--fail-on", type=click.Choice(SEVERITIES), default=None,
               help="Exit with code 9 when a finding is at least this severe (for CI).")
 @click.option("--json", "as_json", is_flag=True,
@@ -50,7 +58,6 @@ def diagnose(pid: int, target: tuple[str, ...], out_dir: str | None, calls: int,
     Phases that cannot run (no CUDA, torch not imported, the method not called in time) are
     reported as skipped and the others still run. Progress goes to stderr.
     """
-    from flight_profiler.api import connect
     from flight_profiler.diagnose import DiagnoseOptions, MethodTarget, default_out_dir
     from flight_profiler.diagnose.driver import SessionDriver
     from flight_profiler.diagnose.progress import make_progress
@@ -59,15 +66,56 @@ def diagnose(pid: int, target: tuple[str, ...], out_dir: str | None, calls: int,
     method = MethodTarget.parse(target) if target else None
     options = DiagnoseOptions(pid=pid, target=method, out_dir=out_dir or default_out_dir(pid),
                               calls=calls, duration=duration, timeout=timeout)
-    session = connect(pid, timeout=timeout)
-    driver = SessionDriver(session, connect_timeout=timeout)
+    created = not os.path.exists(options.out_dir)
+    session = attach(pid, options.out_dir, max(ATTACH_TIMEOUT_MIN, timeout))
+    driver = SessionDriver(session, connect_timeout=max(ATTACH_TIMEOUT_MIN, timeout))
     progress = make_progress()
     try:
-        result = run_diagnosis(driver, options, progress)
+        result = run_diagnosis(driver, options, progress, session.attach_seconds)
+    except BaseException:
+        if created and os.path.isdir(options.out_dir) and not os.listdir(options.out_dir):
+            os.rmdir(options.out_dir)  # nothing was written: leave nothing behind
+        raise
     finally:
         progress.close()
         _leave(driver)
     finish(result, fail_on, as_json)
+
+
+def attach(pid: int, out_dir: str, timeout: float) -> Session:
+    """Check the pid, create the output directory, attach; a failure leaves no empty directory."""
+    from flight_profiler.api import connect
+    from flight_profiler.attach import process
+
+    process.inspect(pid, check_permissions=False)  # a wrong pid fails before anything is created
+    created = not os.path.exists(out_dir)
+    prepare_out_dir(out_dir, pid)  # a bad --out fails before the target is touched
+    try:
+        return connect(pid, timeout=timeout)
+    except BaseException:
+        if created and not os.listdir(out_dir):
+            os.rmdir(out_dir)
+        raise
+
+
+def prepare_out_dir(path: str, pid: int) -> None:
+    """Create the output directory; the agent (running as the target's user) writes into it."""
+    from flight_profiler.errors import UsageError
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the output directory {path}: {exc.strerror}",
+                         "pass a writable --out DIR") from None
+    if os.geteuid() == 0:
+        # Root diagnosing another user's job: let that user's agent write the artefacts.
+        # /proc/PID belongs to the process' effective uid and gid.
+        try:
+            owner = os.stat(f"/proc/{pid}")
+            if owner.st_uid != 0 and not os.listdir(path):
+                os.chown(path, owner.st_uid, owner.st_gid)
+        except OSError:
+            pass
 
 
 def _leave(driver: object) -> None:
@@ -96,6 +144,8 @@ def finish(result: object, fail_on: str | None, as_json: bool) -> None:
     code = ExitCode.OK
     if fail_on and report is not None and report.reaches(fail_on):
         code = ExitCode.FINDINGS
+    elif fail_on and report is None:
+        code = ExitCode.COMMAND_FAILED  # CI asked for a verdict and none could be made
     if as_json:
         sys.stdout.write(json.dumps(summary.to_json(result, code), default=str) + "\n")
         sys.stdout.flush()
@@ -103,8 +153,11 @@ def finish(result: object, fail_on: str | None, as_json: bool) -> None:
         from rich.console import Console
 
         summary.render(result, Console())
-        if code:
+        if code == ExitCode.FINDINGS:
             Console(stderr=True).print(f"findings reached --fail-on {fail_on}: exit {code}",
                                        highlight=False)
+        elif code:
+            Console(stderr=True).print(f"no report could be made, so --fail-on {fail_on} cannot "
+                                       f"pass: exit {code}", highlight=False)
     if code:
         sys.exit(code)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from flight_profiler.errors import BadInputFile, FindingsThreshold
+from flight_profiler.errors import BadInputFile, FindingsThreshold, FlightProfilerError
 
 _EPILOG = """\b
 Inputs are recognised by content: Chrome traces (.json, .json.gz, TensorBoard
@@ -50,7 +50,11 @@ def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json:
         raise BadInputFile(f"no input could be read ({names})",
                            "Pass Chrome traces (.json/.json.gz), snapshot pickles or tensor census files.")
     if output:
-        written = result.write(output, fmt)
+        try:
+            written = result.write(output, fmt)
+        except OSError as exc:
+            raise FlightProfilerError(f"cannot write {output}: {exc.strerror or exc}",
+                                      "Check that the directory exists and is writable.") from None
         click.echo(f"wrote {written} report to {output}", err=True)
     elif fmt:
         sys.stdout.write(result.render(fmt))

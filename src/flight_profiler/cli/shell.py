@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-from flight_profiler.errors import AgentLost, FlightProfilerError
+from flight_profiler.errors import AgentLost, FlightProfilerError, UsageError
 
 if TYPE_CHECKING:
     from flight_profiler.api import Session
@@ -67,9 +67,16 @@ def handle_line(session: Session, line: str, as_json: bool) -> bool:
     if words[0] in _QUIT:
         return False
     if words[0] in ("help", "?"):
-        topic = " ".join(shlex.split(words[1])) if len(words) > 1 else None
+        topic = " ".join(words[1].split()) if len(words) > 1 else None
         print(help_text(topic))
         return True
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"cannot parse command {line.strip()!r}: {exc}") from None
+    if "--json" in words:  # per command in the shell, as on the command line
+        as_json = True
+        line = shlex.join(w for w in words if w != "--json")
     try:
         req = parse(line)
     except HelpShown:

@@ -84,6 +84,7 @@ class DiagnoseResult:
     started: float = field(default_factory=time.time)
     finished: float = 0.0
     outputs: dict[str, str] = field(default_factory=dict)  # format -> path of the written report
+    attach_seconds: float = 0.0  # connecting (and injecting the agent if none was running)
 
     def phase(self, name: str) -> PhaseResult | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -105,6 +106,7 @@ class DiagnoseResult:
             "started": round(self.started, 3),
             "finished": round(self.finished, 3),
             "seconds": round(max(0.0, self.finished - self.started), 3),
+            "attach_seconds": round(self.attach_seconds, 3),
             "phases": [p.to_dict() for p in self.phases],
             "artefacts": self.artefacts,
             "outputs": dict(self.outputs),

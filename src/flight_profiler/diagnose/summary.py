@@ -34,7 +34,13 @@ def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
     console.print(f"[bold]flight_profiler diagnose[/bold] pid {o.pid}, {escape(target)} "
                   f"({result.finished - result.started:.1f}s)", highlight=False)
     not_ok = [p for p in result.phases if p.status != OK]
+    no_cuda = [p for p in not_ok if p.reason.startswith("no CUDA")]
+    if no_cuda:
+        console.print(f"  [dim]skipped, no CUDA in the target: "
+                      f"{escape(', '.join(p.title for p in no_cuda))}[/dim]", highlight=False)
     for p in not_ok:
+        if p in no_cuda:
+            continue
         console.print(f"  [dim]{escape(p.title)}: {p.status.replace('_', ' ')}: "
                       f"{escape(p.reason)}[/dim]", highlight=False)
     findings = ranked_findings(result)

@@ -339,12 +339,12 @@ def _run_phase(run: Run, name: str, title: str, fn: PhaseFn) -> PhaseResult:
     return phase
 
 
-def run_diagnosis(driver: Driver, options: DiagnoseOptions,
-                  progress: Progress | None = None) -> DiagnoseResult:
-    """Run every phase against the live target; the report is built by :func:`finish`."""
+def run_diagnosis(driver: Driver, options: DiagnoseOptions, progress: Progress | None = None,
+                  attach_seconds: float = 0.0) -> DiagnoseResult:
+    """Run every phase against the live target, then write the report and diagnose.json."""
     progress = progress or NullProgress()
     os.makedirs(options.out_dir, exist_ok=True)
-    result = DiagnoseResult(options)
+    result = DiagnoseResult(options, attach_seconds=attach_seconds)
     run = Run(driver, options, progress)
     total = len(PHASES) + 1  # + the report
     for index, (name, title, fn) in enumerate(PHASES, 1):

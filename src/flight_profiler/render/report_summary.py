@@ -30,7 +30,8 @@ def memory_rows(report: Report) -> list[dict[str, str]]:
                 rows.append({"source": inp.name, "device": dev,
                              "total": fmt_bytes(total) if total else "?",
                              "allocated": fmt_bytes(m["final_allocated"]),
-                             "reserved": fmt_bytes(m["peak_reserved"]) + " (peak)",
+                             "reserved": (fmt_bytes(m["peak_reserved"]) + " (peak)")
+                             if m["peak_reserved"] else "-",
                              "peak": fmt_bytes(m["peak_allocated"])})
     return rows
 

@@ -11,7 +11,7 @@ Never needs torch; pickles are loaded with a restricted unpickler.
 
 from __future__ import annotations
 
-from flight_profiler.report.analyze import analyze
+from flight_profiler.report.engine import analyze
 from flight_profiler.report.models import SCHEMA_VERSION, SEVERITIES, Finding, InputResult, Report
 
 __all__ = ["SCHEMA_VERSION", "SEVERITIES", "Finding", "InputResult", "Report", "analyze"]

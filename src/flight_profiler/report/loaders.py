@@ -114,12 +114,13 @@ def _load(path: str) -> InputResult:
         return InputResult(path, "trace", False, f"bad Chrome trace: {exc}")
     except RecursionError:
         return InputResult(path, "trace", False, "bad Chrome trace: nested too deeply")
+    if raw.events == 0:
+        return InputResult(path, "trace", False,
+                           "a Chrome trace with no events: the profiler recorded nothing")
     metrics = trace_metrics(raw)
     rank = _rank(raw.meta)
     metrics["trace_name"] = raw.meta.get("traceName")
     metrics["device_properties"] = _devices(raw.meta)
-    if raw.events == 0:
-        metrics["empty"] = True
     return InputResult(path, "trace", True, data=metrics, rank=rank)
 
 

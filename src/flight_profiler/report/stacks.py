@@ -50,8 +50,9 @@ def _order(th: ThreadIntervals) -> Sequence[int]:
 
 
 def _open_at(stack: list[int], th: ThreadIntervals, all_names: list[str],
-             t: float) -> tuple[str | None, list[str]]:
-    """(innermost user frame, operators outermost-first) among the open spans at t."""
+             t: float, annotations: bool) -> tuple[str | None, list[str]]:
+    """(innermost user frame, operators outermost-first) among the open spans at t; with
+    ``annotations``, record_function spans (DataLoader, Optimizer.step ...) count as operators."""
     end = th.end
     while stack and end[stack[-1]] < t:
         stack.pop()
@@ -65,7 +66,7 @@ def _open_at(stack: list[int], th: ThreadIntervals, all_names: list[str],
         if kind == PY_FRAME:
             if is_user_frame(name):
                 user = frame_location(name)  # the innermost wins
-        elif kind == CPU_OP:
+        elif kind == CPU_OP or (annotations and not name.startswith("ProfilerStep")):
             ops.append(name)
     return user, ops
 
@@ -77,7 +78,8 @@ class CallerIndex:
 
     raw: RawTrace
 
-    def resolve(self, points: list[tuple[int, float]]) -> list[tuple[str | None, list[str]]]:
+    def resolve(self, points: list[tuple[int, float]],
+                annotations: bool = False) -> list[tuple[str | None, list[str]]]:
         """For each (thread key, t): (innermost user frame as file:line, operators outermost-first)."""
         answers: list[tuple[str | None, list[str]]] = [(None, [])] * len(points)
         by_thread: dict[int, list[tuple[float, int]]] = {}
@@ -97,7 +99,7 @@ class CallerIndex:
                 s = ts[i]
                 while qi < nq and queries[qi][0] < s:
                     t, qid = queries[qi]
-                    answers[qid] = _open_at(stack, th, all_names, t)
+                    answers[qid] = _open_at(stack, th, all_names, t, annotations)
                     qi += 1
                 if qi >= nq:
                     break
@@ -106,33 +108,39 @@ class CallerIndex:
                 stack.append(i)
             while qi < nq:
                 t, qid = queries[qi]
-                answers[qid] = _open_at(stack, th, all_names, t)
+                answers[qid] = _open_at(stack, th, all_names, t, annotations)
                 qi += 1
         return answers
 
 
-def operator_self_times(raw: RawTrace) -> dict[str, list[float]]:
-    """name -> [calls, total us, self us] for cpu_op events (self = minus nested cpu_ops)."""
+def operator_self_times(
+    raw: RawTrace, tiny_us: float = 0.0, max_samples: int = 0,
+) -> tuple[dict[str, list[float]], list[tuple[int, float, float, str]]]:
+    """name -> [calls, total us, self us] for cpu_op events (self = minus nested cpu_ops), and
+    up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us."""
     stats: dict[str, list[float]] = {}
+    tiny: list[tuple[int, float, float, str]] = []
     names = raw.names
-    for th in raw.threads.values():
-        order = _order(th)
+    for key, th in raw.threads.items():
         ts, end, nm, kind = th.ts, th.end, th.name, th.kind
-        stack: list[list[float]] = []  # [end, name id, duration, children]
+        stack: list[list[float]] = []  # [end, name id, duration, children, start]
 
-        def close(item: list[float]) -> None:
-            s = stats.get(names[int(item[1])])
+        def close(item: list[float], key: int = key) -> None:
+            name = names[int(item[1])]
+            s = stats.get(name)
             self_us = item[2] - item[3]
             if self_us < 0:
                 self_us = 0.0
             if s is None:
-                stats[names[int(item[1])]] = [1, item[2], self_us]
+                stats[name] = [1, item[2], self_us]
             else:
                 s[0] += 1
                 s[1] += item[2]
                 s[2] += self_us
+            if self_us < tiny_us and len(tiny) < max_samples:
+                tiny.append((key, item[4], self_us, name))
 
-        for i in order:
+        for i in _order(th):
             if kind[i] != CPU_OP:
                 continue
             t0 = ts[i]
@@ -141,7 +149,7 @@ def operator_self_times(raw: RawTrace) -> dict[str, list[float]]:
             dur = end[i] - t0
             if stack:
                 stack[-1][3] += dur
-            stack.append([end[i], nm[i], dur, 0.0])
+            stack.append([end[i], nm[i], dur, 0.0, t0])
         while stack:
             close(stack.pop())
-    return stats
+    return stats, tiny

@@ -75,7 +75,7 @@ class RawTrace:
     scalar_ops: list[tuple[int, float, float, str]] = field(default_factory=list)
     threads: dict[int, ThreadIntervals] = field(default_factory=dict)
     steps: list[tuple[int, float, float]] = field(default_factory=list)  # number, ts, dur
-    dataloader: list[tuple[float, float]] = field(default_factory=list)
+    dataloader: list[tuple[int, float, float]] = field(default_factory=list)  # thread, ts, dur
     # [memory] samples per (device type, device id)
     mem: dict[tuple[int, int], tuple[array[float], array[int], array[int]]] = field(default_factory=dict)
     mem_live: dict[tuple[int, int], dict[int, tuple[float, int, int]]] = field(default_factory=dict)
@@ -188,7 +188,7 @@ def load_trace(path: str) -> RawTrace:
                             m = _STEP_RE.match(name)
                             raw.steps.append((int(m.group(1)) if m else len(raw.steps), ts, end - ts))
                         elif name.startswith("enumerate(DataLoader)"):
-                            raw.dataloader.append((ts, end - ts))
+                            raw.dataloader.append((key, ts, end - ts))
                     if ts < raw.span_ts:
                         raw.span_ts = ts
                     if end > raw.span_end:

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from flight_profiler.report.attribution import (
+    MAX_ATTRIBUTED,
+    NO_STACK,
+    attribute,
+    attribute_gpu,
+    idle_after,
+    idle_gaps,
+)
 from flight_profiler.report.stacks import CallerIndex, operator_self_times
 from flight_profiler.report.thresholds import T
 from flight_profiler.report.trace_loader import COMPUTE, SCALAR_OPS, RawTrace
 
-MAX_ATTRIBUTED = 2000  # sync calls / copies attributed to a Python line (the longest ones)
 SERIES_POINTS = 240
-NO_STACK = "(no Python stack)"
 
 
 def merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -93,47 +99,7 @@ def _spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-def _attribute(index: CallerIndex, items: list[tuple[int, float, float, str]],
-               skip_inside: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """Group (thread, ts, dur, what) by the user's Python line and outermost operator.
-
-    Items nested in an operator of ``skip_inside`` are dropped: a cudaStreamSynchronize inside
-    aten::item is already counted as that .item() call."""
-    chosen = sorted(items, key=lambda x: -x[2])[:MAX_ATTRIBUTED]
-    # A point just inside the call, so that the call's own parents are open there.
-    answers = index.resolve([(key, ts + min(dur, 1e-3) if dur > 0 else ts)
-                             for key, ts, dur, _ in chosen])
-    groups: dict[tuple[str, str], list[float]] = {}
-    for (_key, _ts, dur, what), (line, ops) in zip(chosen, answers):
-        if what not in skip_inside and skip_inside.intersection(ops):
-            continue
-        op = ops[0] if ops else what
-        g = groups.setdefault((line or NO_STACK, op), [0, 0.0])
-        g[0] += 1
-        g[1] += dur
-    rows: list[dict[str, Any]] = [
-        {"where": k[0], "operator": k[1], "count": int(v[0]), "total_us": round(v[1], 3)}
-            for k, v in groups.items()]
-    rows.sort(key=lambda r: -r["total_us"])
-    return rows[:10]
-
-
-def _idle_after(busy: list[tuple[float, float]], times: list[float]) -> list[float]:
-    """GPU idle time starting at each t (0 where the GPU is busy at t)."""
-    starts = [s for s, _ in busy]
-    out = []
-    for t in times:
-        i = bisect_right(starts, t) - 1
-        if i >= 0 and busy[i][1] > t:
-            out.append(0.0)
-        elif i + 1 < len(busy):
-            out.append(busy[i + 1][0] - t)
-        else:
-            out.append(0.0)
-    return out
-
-
-def _downsample(xs: list[float], ys: list[float], n: int = SERIES_POINTS) -> list[list[float]]:
+def _downsample(xs: Sequence[float], ys: Sequence[float], n: int = SERIES_POINTS) -> list[list[float]]:
     if len(xs) <= n:
         return [[round(x, 3), y] for x, y in zip(xs, ys)]
     step = len(xs) / n
@@ -228,15 +194,19 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         m["gpu_time_breakdown"] = breakdown
         m["gpu_devices"] = sorted(raw.gpu_devices)
         m["gpu_timeline"] = _busy_bins(busy)
+        m["gpu_idle_gaps"] = idle_gaps(raw, index, busy)
 
     # Kernels and launches
     kdur: dict[str, list[float]] = {}
     durations: list[float] = []
+    short_work: list[tuple[int, float, str]] = []
     names = raw.names
     for i in range(len(raw.g_ts)):
         if raw.g_kind[i] == COMPUTE or raw.g_kind[i] == 2:
             d = raw.g_end[i] - raw.g_ts[i]
             durations.append(d)
+            if d < T.short_kernel_us:
+                short_work.append((raw.g_corr[i], d, names[raw.g_name[i]]))
             a = kdur.get(names[raw.g_name[i]])
             if a is None:
                 kdur[names[raw.g_name[i]]] = [1, d]
@@ -253,13 +223,14 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
             "per_step": round(len(durations) / len(steps), 1) if steps else None,
             "launch_calls": int(launches[0]), "launch_total_us": round(launches[1], 3),
             "launch_mean_us": round(launches[1] / launches[0], 3) if launches[0] else 0.0,
+            "short_callers": attribute_gpu(raw, index, short_work, longest=False),
         }
         top = sorted(kdur.items(), key=lambda kv: -kv[1][1])[: T.hot_rows]
         m["top_kernels"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
                              "mean_us": round(v[1] / v[0], 3)} for k, v in top]
 
     # Operators (CPU) by self time
-    ops = operator_self_times(raw)
+    ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, 50 * MAX_ATTRIBUTED)
     if ops:
         self_list = sorted(ops.items(), key=lambda kv: -kv[1][2])
         m["top_operators"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
@@ -274,6 +245,7 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
             "tiny_calls": tiny_calls, "tiny_calls_pct": _pct(tiny_calls, calls),
             "tiny_self_us": round(tiny_self, 3), "tiny_self_pct_of_window": _pct(tiny_self, window),
             "per_step": round(calls / len(steps), 1) if steps else None,
+            "tiny_callers": attribute(index, tiny_samples, longest=False),
         }
 
     # Host <-> device copies
@@ -293,7 +265,8 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         }
         m["memcpy"]["host_device_pct_of_gpu_busy"] = _pct(m["memcpy"]["host_device_us"], busy_us)
         m["memcpy"]["pageable_bytes"] = int(sum(v[2] for k, v in kinds.items() if "Pageable" in k))
-        m["memcpy"]["callers"] = _attribute_copies(raw, index)
+        m["memcpy"]["callers"] = attribute_gpu(
+            raw, index, [(c, d, n) for n, d, _b, c in raw.memcpy if _host_device(n)])
 
     # Synchronisation
     sync_us = sum(d for _, _, d, _ in raw.syncs)
@@ -301,28 +274,31 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         s for s in raw.scalar_ops if s[3] == "aten::_local_scalar_dense"]
     scalar_us = sum(d for _, _, d, _ in scalar_top)
     blocking = raw.syncs + scalar_top
-    idle_after = _idle_after(busy, [ts + d for _, ts, d, _ in raw.syncs]) if busy else []
+    after = idle_after(busy, [ts + d for _, ts, d, _ in raw.syncs]) if busy else []
     m["sync"] = {
         "sync_calls": len(raw.syncs), "sync_us": round(sync_us, 3),
         "by_call": {k: {"count": int(v[0]), "total_us": round(v[1], 3)}
                     for k, v in raw.runtime.items() if "ynchronize" in k},
         "scalar_reads": len(scalar_top), "scalar_read_us": round(scalar_us, 3),
         "pct_of_window": _pct(max(sync_us, scalar_us), window),
-        "gpu_idle_after_sync_us": round(sum(idle_after), 3),
-        "callers": _attribute(index, blocking, SCALAR_OPS) if blocking else [],
+        "gpu_idle_after_sync_us": round(sum(after), 3),
+        "callers": attribute(index, blocking, SCALAR_OPS) if blocking else [],
     }
 
-    # DataLoader
+    # DataLoader: its next() calls inside the steps (all of them when there are no steps)
     if raw.dataloader:
-        if steps:
-            inside = [d for ts, d in raw.dataloader
-                      if any(st <= ts < st + sd for _, st, sd in steps)] if len(steps) < 5000 \
-                else [d for _, d in raw.dataloader]
-        else:
-            inside = [d for _, d in raw.dataloader]
-        m["dataloader"] = {"calls": len(raw.dataloader), "total_us": round(sum(inside), 3),
-                           "pct_of_window": _pct(sum(inside), window),
-                           "mean_us": round(sum(inside) / len(inside), 3) if inside else 0.0}
+        starts = [st for _, st, _ in steps]
+        inside = []
+        for item in raw.dataloader:
+            j = bisect_right(starts, item[1]) - 1
+            if not steps or (j >= 0 and item[1] < steps[j][1] + steps[j][2]):
+                inside.append(item)
+        total = sum(d for _, _, d in inside)
+        m["dataloader"] = {"calls": len(raw.dataloader), "total_us": round(total, 3),
+                           "pct_of_window": _pct(total, window),
+                           "mean_us": round(total / len(inside), 3) if inside else 0.0,
+                           "callers": attribute(index, [(k, t, d, "DataLoader.__next__")
+                                                        for k, t, d in inside])}
 
     if raw.mem:
         m["memory"] = _memory(raw, index, steps)
@@ -333,25 +309,6 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
 
 def _host_device(kind: str) -> bool:
     return "HtoD" in kind or "DtoH" in kind or "HtoH" in kind
-
-
-def _attribute_copies(raw: RawTrace, index: CallerIndex) -> list[dict[str, Any]]:
-    wanted = sorted((c for c in raw.memcpy if _host_device(c[0]) and c[3] >= 0),
-                    key=lambda c: -c[1])[:MAX_ATTRIBUTED]
-    if not wanted:
-        return []
-    need = {c[3] for c in wanted}
-    where: dict[int, tuple[int, float]] = {}
-    for corr, ts, tid in zip(raw.rt_corr, raw.rt_ts, raw.rt_tid):
-        if corr in need:
-            where[corr] = (tid, ts)
-    items = []
-    for name, dur, _nbytes, corr in wanted:
-        if corr in where:
-            tid, ts = where[corr]
-            items.append((tid, ts, dur, name))
-    rows = _attribute(index, items)
-    return rows
 
 
 def _busy_bins(busy: list[tuple[float, float]], bins: int = 120) -> dict[str, Any]:

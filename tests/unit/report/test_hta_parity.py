@@ -51,3 +51,14 @@ def test_cpu_only_trace_works_without_gpu_metrics() -> None:
     assert "gpu_time_breakdown" not in inp.data
     assert inp.data["steps"]["count"] == 1
     assert not any(f.rule == "low-gpu-utilization" for f in report.findings)
+
+
+def test_parallel_loading_gives_the_same_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flight_profiler.report import engine
+
+    files = [str(TRACES / "gpu_train_control.json.gz"), str(TRACES / "gpu_train_test.json.gz")]
+    serial = analyze(files, jobs=1)
+    monkeypatch.setattr(engine, "PARALLEL_MIN_BYTES", 0)
+    parallel = engine.analyze(files, jobs=2)
+    assert [i.data for i in parallel.inputs] == [i.data for i in serial.inputs]
+    assert [f.to_dict() for f in parallel.findings] == [f.to_dict() for f in serial.findings]

@@ -66,9 +66,12 @@ def test_empty_foreign_truncated_and_missing_files(tmp_path: Path) -> None:
     cut = tmp_path / "cut.json.gz"
     raw = (TRACES / "gpu_event_sync.json.gz").read_bytes()
     cut.write_bytes(raw[: len(raw) // 2])
+    no_events = tmp_path / "no_events.json"
+    no_events.write_text('{"schemaVersion": 1, "traceEvents": []}')
     cut_plain = tmp_path / "cut_plain.json"
     cut_plain.write_bytes(gzip.decompress(raw)[:5000])
-    report = analyze([str(empty), str(png), str(cut), str(cut_plain), str(tmp_path / "nope.json"),
+    report = analyze([str(empty), str(png), str(cut), str(cut_plain), str(no_events),
+                      str(tmp_path / "nope.json"),
                       str(TRACES / "gpu_event_sync.json.gz")])
     errors = {Path(i.path).name: i.error for i in report.inputs if not i.ok}
     assert "empty" in errors["empty.json"]
@@ -76,6 +79,7 @@ def test_empty_foreign_truncated_and_missing_files(tmp_path: Path) -> None:
     assert "gzip" in errors["cut.json.gz"] or "truncated" in errors["cut.json.gz"]
     assert "truncated" in errors["cut_plain.json"]
     assert errors["nope.json"] == "no such file"
+    assert "no events" in errors["no_events.json"]
     assert len(report.readable) == 1  # the good trace is still reported
 
 

@@ -97,3 +97,10 @@ def test_a_directory_of_snapshots_and_censuses_gives_both_series() -> None:
     assert sorted(s["kind"] for s in report.series) == ["census", "snapshot"]
     html = report.to_html()
     assert "censuss" not in html and html.count("<svg") == 2
+
+
+def test_cli_cannot_write_is_one_clear_error(tmp_path: Path) -> None:
+    res = CliRunner().invoke(report_cmd, [str(FIXTURES / "cpu_healthy.json.gz"), "-o",
+                                          str(tmp_path / "missing" / "r.md")], standalone_mode=False)
+    assert "cannot write" in str(res.exception)
+    assert res.exception.exit_code == ExitCode.COMMAND_FAILED  # type: ignore[union-attr]

@@ -65,6 +65,7 @@ def test_dataloader_bottleneck_from_a_real_cpu_run() -> None:
     (f,) = _rules(report, "dataloader-bottleneck")
     assert f.severity == "critical" and f.metrics["pct_of_window"] > 50
     assert any("num_workers" in fix for fix in f.fix)
+    assert "make_fixtures.py:" in f.where[0] and "(step)" in f.where[0]  # the `next(it)` line
 
 
 def test_dataloader_share_between_thresholds_is_a_warning(tmp_path: Path) -> None:
@@ -80,12 +81,15 @@ def test_launch_overhead_on_cpu_from_a_real_run_of_tiny_ops() -> None:
     (f,) = _rules(report, "launch-overhead")
     assert f.metrics["tiny_calls_pct"] > 90
     assert any("torch.compile" in fix for fix in f.fix)
+    # the loop line `x = x * 1.0001 + 0.001`, through its aten::mul / aten::add
+    assert any("make_fixtures.py:" in w and ("aten::add" in w or "aten::mul" in w) for w in f.where)
 
 
 def test_launch_overhead_on_gpu(tmp_path: Path) -> None:
     p = gpu_trace(tmp_path / "short.json.gz", kernels_per_step=100, kernel_us=3, launch_gap_us=10)
     (f,) = _rules(analyze([str(p)]), "launch-overhead")
     assert f.metrics["short_pct"] == 100.0 and f.metrics["idle_pct"] > 15
+    assert "model.py:100" in f.where[0] and "aten::mul" in f.where[0]
 
 
 def test_sync_bottleneck_names_the_python_line(tmp_path: Path) -> None:
@@ -125,6 +129,8 @@ def test_low_gpu_utilization_real_traces() -> None:
     found = _rules(report, "low-gpu-utilization")
     assert [Path(f.inputs[0]).name for f in found] == ["gpu_alexnet_sync.json.gz"]
     assert found[0].severity == "critical"
+    # the longest idle gap: 10 s while the CPU ran cudnn_convolution (benchmark mode autotuning)
+    assert found[0].where[0].startswith("idle 10.03 s") and "cudnn_convolution" in found[0].where[0]
 
 
 def test_hot_operators_table_is_info() -> None:

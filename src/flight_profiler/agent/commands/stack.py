@@ -32,6 +32,8 @@ def handle(ctx: Context) -> dict[str, Any]:
     names = {t.ident: t for t in threading.enumerate()}
     main_ident = threading.main_thread().ident
     me = threading.get_ident()
+    # a bootstrap thread still starting the agent (see bootstrap.py)
+    booting: frozenset[int] = getattr(sys.modules.get("_flight_profiler_agent_boot"), "busy", frozenset())
     threads: list[dict[str, Any]] = []
     hidden = 0
     frames = sys._current_frames()
@@ -39,7 +41,7 @@ def handle(ctx: Context) -> dict[str, Any]:
         for ident, frame in frames.items():
             thread = names.get(ident)
             name = thread.name if thread is not None else f"Thread-{ident}"
-            is_agent = ident == me or name.startswith(_AGENT_THREAD_PREFIX)
+            is_agent = ident == me or ident in booting or name.startswith(_AGENT_THREAD_PREFIX)
             if is_agent and not show_agent:
                 hidden += 1
                 continue

@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 from .. import call_window, memory_snapshot
+from ..profiler_sessions import PerCall
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..torch_support import (
-    QuietStderr,
     check_writable,
     cuda_in_use,
     file_result,
@@ -25,7 +25,6 @@ from ..torch_support import (
     get_torch,
     output_path,
     plain,
-    quiet_native_stderr,
     rss_bytes,
     write_pickle,
 )
@@ -202,35 +201,25 @@ def _top_sites(allocs: list[dict[str, Any]], n: int = 8) -> list[dict[str, Any]]
 def _record_cpu(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, timeout: float,
                 label: str) -> tuple[dict[str, Any], dict[str, Any]]:
     profiler = torch.profiler
-    holder: dict[str, Any] = {}
-
-    def start() -> None:
-        # profile_memory makes c10 log one "Memory block of unknown size" line when a block
-        # from before the recording is freed during it: keep stderr filtered for the window.
-        holder["quiet"] = QuietStderr(python_warnings=False)
-        prof = profiler.profile(activities=[profiler.ProfilerActivity.CPU], profile_memory=True,
-                                with_stack=True)
-        with quiet_native_stderr():
-            prof.start()
-        holder["prof"] = prof
-
-    def stop() -> None:
-        try:
-            with quiet_native_stderr():
-                holder["prof"].stop()
-        finally:
-            holder["quiet"].close()
-
+    per_call = PerCall(torch, {"activities": [profiler.ProfilerActivity.CPU], "profile_memory": True,
+                               "with_stack": True})
     try:
-        info = call_window.record_calls(ctx, spec, calls, timeout, start, stop, what="memory recording")
+        info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
+                                        what="memory recording")
     finally:
-        if "quiet" in holder:  # the recording was abandoned: give the target its stderr back
-            holder["quiet"].close()
-    prof = holder.pop("prof")
+        profs = per_call.finish()
+    events: list[dict[str, Any]] = []
+    frames_known = True
     try:
-        events, frames_known = memory_snapshot.events_from_profiler(prof)
+        while profs:
+            prof = profs.pop(0)
+            more, known = memory_snapshot.events_from_profiler(prof)
+            del prof
+            events += more
+            frames_known = frames_known and known
     finally:
-        del prof
+        del profs
+    events.sort(key=lambda e: float(e["time_us"]))
     snap = memory_snapshot.from_trace_events(events, label, frames_known, info["calls_recorded"])
     return snap, info
 
@@ -246,12 +235,13 @@ def _record_cuda(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, tim
     window: dict[str, float] = {}
     was_recording = memory_snapshot.has_stacks(plain(memory._snapshot()))
 
-    def start() -> None:
-        window["start"] = time.time() * 1e6
-        if not was_recording:
-            memory._record_memory_history(enabled="all", max_entries=max_entries)
+    def start(index: int) -> None:
+        if "start" not in window:
+            window["start"] = time.time() * 1e6
+            if not was_recording:
+                memory._record_memory_history(enabled="all", max_entries=max_entries)
 
-    def stop() -> None:
+    def stop(index: int) -> None:
         window["end"] = time.time() * 1e6
 
     try:

@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from .. import call_window, trace_tools
-from ..protocol import ERR_USAGE
+from ..profiler_sessions import PerCall, schedule_roles
+from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
 from ..torch_support import (
-    QuietStderr,
     check_writable,
     cuda_in_use,
     file_result,
@@ -53,7 +53,7 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
         prof, info = _method(ctx, torch, spec, use_cuda, options)
     name = ctx.arg("label") or f"flight_profiler pid {os.getpid()} {info.get('target', 'window')}"
     try:
-        size, trace = trace_tools.export(prof, path, str(name))
+        size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name))
     finally:
         del prof
     table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
@@ -84,7 +84,7 @@ def _activities(torch: Any, use_cuda: bool) -> list[Any]:
     return acts
 
 
-def _schedule(ctx: Context, torch: Any) -> tuple[Any, int] | None:
+def _schedule(ctx: Context) -> list[str] | None:
     raw = ctx.arg("schedule")
     if not raw:
         return None
@@ -94,10 +94,9 @@ def _schedule(ctx: Context, torch: Any) -> tuple[Any, int] | None:
         repeat = parts[3] if len(parts) > 3 else 1
     except (TypeError, ValueError):
         raise CommandError(f"bad --schedule {raw!r}", "use wait,warmup,active[,repeat], e.g. 1,1,3", ERR_USAGE) from None
-    if min(wait, warmup, repeat) < 0 or active < 1 or repeat < 1:
+    if min(wait, warmup) < 0 or active < 1 or repeat < 1:
         raise CommandError(f"bad --schedule {raw!r}", "active >= 1, repeat >= 1, others >= 0", ERR_USAGE)
-    sched = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
-    return sched, (wait + warmup + active) * repeat
+    return schedule_roles(wait, warmup, active, repeat)
 
 
 def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
@@ -105,47 +104,23 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
         raise CommandError("torch profile needs `module [class] method`", "", ERR_USAGE)
     calls = int(ctx.arg("calls", 1) or 1)
     timeout = float(ctx.arg("timeout", 60.0) or 60.0)
-    scheduled = _schedule(ctx, torch)
-    holder: dict[str, Any] = {}
-    kwargs: dict[str, Any] = {"activities": _activities(torch, use_cuda), **options}
-    if scheduled is not None:
-        sched, calls = scheduled
-        kwargs["schedule"] = sched
-        # The trace of the active steps is only available inside on_trace_ready: keep it there.
-        kwargs["on_trace_ready"] = lambda p: holder.__setitem__("ready", True)
-
-    def start() -> None:
-        if options["profile_memory"]:  # see torch_memory._record_cpu: c10 logs a line then
-            holder["quiet"] = QuietStderr(python_warnings=False)
-        prof = torch.profiler.profile(**kwargs)
-        with quiet_native_stderr():
-            prof.start()
-        holder["prof"] = prof
-
-    def step() -> None:
-        if scheduled is not None:
-            with quiet_native_stderr():  # a schedule starts/stops kineto inside step()
-                holder["prof"].step()
-
-    def stop() -> None:
-        try:
-            if use_cuda:
-                torch.cuda.synchronize()
-            with quiet_native_stderr():
-                holder["prof"].stop()
-        finally:
-            if "quiet" in holder:
-                holder["quiet"].close()
-
+    roles = _schedule(ctx)
+    if roles is not None:
+        calls = len(roles)
+    per_call = PerCall(torch, {"activities": _activities(torch, use_cuda), **options}, roles,
+                       steps=roles is not None, sync_cuda=use_cuda)
     try:
-        info = call_window.record_calls(ctx, spec, calls, timeout, start, stop,
-                                        step if scheduled is not None else None, what="profile")
+        info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
+                                        what="profile")
     finally:
-        if "quiet" in holder:
-            holder["quiet"].close()
-    if scheduled is not None:
+        profs = per_call.finish()
+    if not profs:
+        raise CommandError("no profiled call completed (only wait/warmup calls ran)",
+                           "raise --timeout or use a shorter --schedule", ERR_FAILED)
+    if roles is not None:
         info["schedule"] = list(ctx.arg("schedule"))
-    return holder.pop("prof"), info
+    info["sessions"] = len(profs)
+    return profs, info
 
 
 def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:

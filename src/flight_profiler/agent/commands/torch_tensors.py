@@ -33,6 +33,8 @@ def handle_tensors(ctx: Context) -> dict[str, Any]:
         max_objects=int(ctx.arg("max_objects", 20_000_000) or 20_000_000),
         walk_objects=int(ctx.arg("walk_objects", 2_000_000) or 2_000_000),
     )
+    # The file holds exactly the flight_profiler.census v1 keys (the report's loader is strict).
+    walked = census.pop("walked_objects", None)
     size = write_json(path, census)
     result: dict[str, Any] = {
         **file_result(path, size),
@@ -44,6 +46,7 @@ def handle_tensors(ctx: Context) -> dict[str, Any]:
         "sites": census["sites"][:top],
         "skipped": census["skipped"],
         "elapsed_s": census["elapsed_s"],
+        "walked_objects": walked,
     }
     previous = ctx.arg("previous")
     if isinstance(previous, dict):

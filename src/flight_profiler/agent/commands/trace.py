@@ -35,10 +35,10 @@ from typing import Any, Callable
 from .. import hooks, values
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
-from .watch import QUEUE_MAX, Pump, check_syntax, compile_call_function
+from ..targets import HOOK_FILE_PREFIX, resolve
+from .watch import QUEUE_MAX, Pump, at_entry, compile_call_function, number_arg
 
 MAX_NODES = 20000
-_HOOK_FILE = "<flight_profiler hook"
 # The agent's own callbacks (another hook's on_enter/on_exit met inside the traced call).
 _AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _AGENT_FILES = ("<-f>", "<--expr>")
@@ -146,7 +146,7 @@ def build_tree(
     hidden_calls = hidden_ns = 0
     for key, (count, total, sub) in children.items():
         if isinstance(key, types.CodeType):
-            if key.co_filename.startswith(_HOOK_FILE):
+            if key.co_filename.startswith(HOOK_FILE_PREFIX):
                 # a hook's wrapper (a watch elsewhere, a recursive call of the traced function):
                 # show what it wraps, not the wrapper
                 inner, hc, hn = build_tree(sub, min_ns, max_depth, depth)
@@ -185,7 +185,6 @@ class _State:
 
 
 def handle_trace(ctx: Context) -> dict[str, Any]:
-    from ..targets import resolve
 
     target = resolve(ctx.arg("target") or {})
     if target.code.co_flags & _GEN_FLAGS:
@@ -195,14 +194,14 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             "that consumes it",
             ERR_USAGE,
         )
-    min_ms = float(ctx.arg("min_ms", 0.1) if ctx.arg("min_ms") is not None else 0.1)
-    max_depth = max(0, int(ctx.arg("depth") or 0))
-    limit = max(0, int(ctx.arg("count") or 0))
-    timeout = float(ctx.arg("timeout") or 0)
+    min_ms = number_arg(ctx, "min_ms", 0.1, float)
+    max_depth = number_arg(ctx, "depth", 0)
+    limit = number_arg(ctx, "count", 0)
+    timeout = number_arg(ctx, "timeout", 0, float)
     c_calls = bool(ctx.arg("c_calls"))
     condition = ctx.arg("filter") or ""
     check = compile_call_function([condition], target, "-f", as_filter=True) if condition else None
-    at_entry = bool(check) and not ({"cost", "return_obj", "throw_exp"} & set(check_syntax(condition, "-f").co_names))
+    entry_filter = at_entry(condition)
     state = _State()
     min_ns = int(min_ms * 1e6)
 
@@ -218,25 +217,24 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
     def on_enter(args: tuple[Any, ...], kwargs: Any) -> Any:
         state.calls += 1
         if state.stopped:
-            return None
-        if at_entry and not passes(args, kwargs, None, None, 0):
-            return None
+            return hooks.SKIP
+        if entry_filter and not passes(args, kwargs, None, None, 0):
+            return hooks.SKIP
         if sys.getprofile() is not None:  # never replace a profiler (ours, nested, or the user's)
             state.skipped_profiled += 1
-            return None
+            return hooks.SKIP
         if len(state.queue) >= QUEUE_MAX:  # the stream cannot keep up: do not even record
             state.dropped += 1
-            return None
+            return hooks.SKIP
         profile, root, info = make_recorder(target.code, c_calls)
         sys.setprofile(profile)
-        return (args, kwargs, root, info)
+        return (args, kwargs, root, info, profile)
 
     def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed: int) -> None:
-        if token is None:
-            return
-        sys.setprofile(None)
-        args, kwargs, root, info = token
-        if state.stopped or (check is not None and not at_entry and not passes(args, kwargs, value, exc, elapsed)):
+        args, kwargs, root, info, profile = token
+        if sys.getprofile() is profile:  # the traced code may have set its own: leave that one
+            sys.setprofile(None)
+        if state.stopped or (check is not None and not entry_filter and not passes(args, kwargs, value, exc, elapsed)):
             return
         with state.lock:
             if state.stopped:

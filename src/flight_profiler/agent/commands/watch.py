@@ -68,6 +68,20 @@ def split_top_level(text: str) -> list[str]:
     return [p for p in parts if p]
 
 
+def number_arg(ctx: Context, name: str, default: float, kind: type = int) -> Any:
+    """A non-negative number argument; a bad one is a usage error, not an internal one."""
+    raw = ctx.arg(name)
+    if raw is None or raw == "":
+        return kind(default)
+    try:
+        value = kind(raw)
+    except (TypeError, ValueError):
+        raise CommandError(f"{name} must be a number, got {raw!r}", "", ERR_USAGE) from None
+    if value < 0:
+        raise CommandError(f"{name} must not be negative, got {raw!r}", "", ERR_USAGE)
+    return value
+
+
 class ExprError:
     """Stands for the value of an expression that raised (shown, never fatal)."""
 
@@ -136,35 +150,65 @@ def compile_call_function(
     return _build(lines, target, what, (ExprError,))
 
 
-def compile_gate(condition: str, only_exceptions: bool, target: Target, state: Any) -> Callable[..., None]:
-    """The hook's on_exit: count, filter (inlined: no extra call), hand matches to ``state``.
+EXIT_ONLY_NAMES = frozenset({"cost", "return_obj", "throw_exp"})
 
-    A call the filter rejects costs exactly this function; nothing else runs.
+
+def at_entry(condition: str) -> bool:
+    """Can this filter decide before the call runs (it looks at no result and no cost)?"""
+    return bool(condition) and not EXIT_ONLY_NAMES & set(check_syntax(condition, "-f").co_names)
+
+
+def _filter_lines(condition: str, target: Target, reject: str) -> list[str]:
+    return [
+        *_prelude(set(check_syntax(condition, "-f").co_names), target),
+        "    try:",
+        f"        if not ({condition}\n):",
+        f"            return {reject}",
+        "    except Exception as __fp_e__:",
+        "        __fp_s__.filter_failed(__fp_e__)",
+        f"        return {reject}",
+    ]
+
+
+def compile_gate(
+    condition: str, only_exceptions: bool, target: Target, state: Any
+) -> tuple[Callable[..., Any] | None, Callable[..., None]]:
+    """The hook's (on_enter, on_exit): count, filter (inlined: no extra call), hand matches on.
+
+    A filter on arguments only runs on entry and answers hooks.SKIP for the calls it rejects:
+    those then run untimed, paying only for this one function. Any other filter runs on exit.
     """
-    used = check_syntax(condition, "-f").co_names if condition else ()
-    lines = [
+    stop = "    if __fp_s__.stopped" + (" or throw_exp is None" if only_exceptions else "") + ":"
+    exit_lines = [
         "def __fp_gate__(__fp_t__, return_obj, throw_exp, __fp_ns__, __fp_s__=None):",
-        "    __fp_s__.calls += 1",
-        "    if __fp_s__.stopped" + (" or throw_exp is None" if only_exceptions else "") + ":",
+        *([] if at_entry(condition) else ["    __fp_s__.calls += 1"]),
+        stop,
         "        return",
         "    __fp_a__, kwargs = __fp_t__",
     ]
-    if condition:
-        lines += _prelude(set(used), target)
-        lines += [
-            "    try:",
-            f"        if not ({condition}\n):",
-            "            return",
-            "    except Exception as __fp_e__:",
-            "        __fp_s__.filter_failed(__fp_e__)",
-            "        return",
-        ]
-    lines.append("    __fp_s__.matched(__fp_a__, kwargs, return_obj, throw_exp, __fp_ns__)")
-    return _build(lines, target, "-f", (state,))
+    if condition and not at_entry(condition):
+        exit_lines += _filter_lines(condition, target, "")
+    exit_lines.append("    __fp_s__.matched(__fp_a__, kwargs, return_obj, throw_exp, __fp_ns__)")
+    on_exit = _build(exit_lines, target, "-f", (state,))
+    if not at_entry(condition):
+        return None, on_exit
+    enter_lines = [
+        "def __fp_gate_enter__(__fp_a__, kwargs, __fp_s__=None, __fp_skip__=None):",
+        "    __fp_s__.calls += 1",
+        "    if __fp_s__.stopped:",
+        "        return __fp_skip__",
+        *_filter_lines(condition, target, "__fp_skip__"),
+        "    return (__fp_a__, kwargs)",
+    ]
+    return _build(enter_lines, target, "-f", (state, hooks.SKIP)), on_exit
 
 
 class _State:
     """Shared between the target's threads (producers) and the handler (consumer)."""
+
+    # slots: the gate reads and writes these on every call of the watched function
+    __slots__ = ("busy", "calls", "counter", "dropped", "filter_errors", "first_filter_error",
+                 "last_matched", "limit", "queue", "render", "stopped")
 
     def __init__(self, limit: int, render: Callable[..., dict[str, Any]]) -> None:
         self.limit = limit
@@ -221,17 +265,23 @@ class Pump:
         self.reported_drops = 0
         self.reported_error = False
 
+    def report_drops(self) -> None:
+        dropped = self.state.dropped
+        if dropped > self.reported_drops:
+            self.ctx.emit({"type": "dropped", "count": dropped - self.reported_drops, "total": dropped})
+            self.reported_drops = dropped
+
     def flush(self, until: float | None) -> None:
         state, ctx = self.state, self.ctx
         while state.queue and not ctx.cancelled:
             if until is not None and time.monotonic() >= until:
                 break
+            self.report_drops()  # as they happen, not after a long backlog
             if not ctx.emit(state.queue.popleft()):
+                state.dropped += 1  # the client went away with this one in hand
                 return
             self.sent += 1
-        if state.dropped > self.reported_drops:
-            ctx.emit({"type": "dropped", "count": state.dropped - self.reported_drops, "total": state.dropped})
-            self.reported_drops = state.dropped
+        self.report_drops()
         if state.first_filter_error and not self.reported_error:
             self.reported_error = True
             ctx.emit({"type": "filter_error", "message": state.first_filter_error})
@@ -261,9 +311,9 @@ def handle_watch(ctx: Context) -> dict[str, Any]:
     exprs = split_top_level(expr_text) if expr_text else list(DEFAULT_EXPRS)
     condition = ctx.arg("filter") or ""
     only_exceptions = bool(ctx.arg("exceptions"))
-    expand = max(0, int(ctx.arg("expand", 1) or 0))
-    limit = max(0, int(ctx.arg("count") or 0))
-    timeout = float(ctx.arg("timeout") or 0)
+    expand = number_arg(ctx, "expand", 1)
+    limit = number_arg(ctx, "count", 0)
+    timeout = number_arg(ctx, "timeout", 0, float)
 
     evaluate = compile_call_function(exprs, target, "--expr")
     depths = [expand + 1 if e in ("params", "args", "kwargs") else expand for e in exprs]
@@ -296,8 +346,8 @@ def handle_watch(ctx: Context) -> dict[str, Any]:
         }
 
     state = _State(limit, render)
-    on_exit = compile_gate(condition, only_exceptions, target, state)
-    remove = hooks.install(target, None, on_exit)
+    on_enter, on_exit = compile_gate(condition, only_exceptions, target, state)
+    remove = hooks.install(target, on_enter, on_exit)
     ctx.add_hook(f"watch {target.description}", remove)
     started = time.monotonic()
     ctx.emit({

@@ -29,7 +29,9 @@ def check(ctx: Context) -> list[Finding]:
                      f"{fmt_us(dl['mean_us'])} each, {fmt_pct(pct)} of the {tr.data['window_kind']} time."),
             evidence=[f"DataLoader __next__: {dl['calls']} calls, {fmt_us(dl['total_us'])}",
                       f"{tr.data['window_kind']} time {fmt_us(tr.data['window_us'])}"],
-            where=["enumerate(DataLoader).__next__ (the training loop's `for batch in loader`)"],
+            where=[f"{c['where']}: {c['count']} next() calls, {fmt_us(c['total_us'])}"
+                   for c in dl.get("callers", [])[:3] if not c["where"].startswith("(")]
+            + ["enumerate(DataLoader).__next__ (the training loop's `for batch in loader`)"],
             fix=["Load in parallel: `DataLoader(..., num_workers=N)` (start with the number of CPU "
                  "cores / GPUs), `persistent_workers=True`, `prefetch_factor=2..4`.",
                  "`pin_memory=True` for GPU training, with `.to(device, non_blocking=True)`.",

@@ -15,6 +15,15 @@ from flight_profiler.report.units import fmt_bytes
 CONTAINERS = ("list", "dict", "deque", "set", "tuple", "OrderedDict", "defaultdict")
 
 
+def _where(h: dict[str, str]) -> str:
+    if h["path"].startswith("<"):
+        # The census found no path from a module global: a running function's local, a closure
+        # or a C++ structure holds them.
+        return (f"{h['path']}: not reachable from any module global (a local variable of a "
+                "running function, a closure, or an object only C++ references)")
+    return f"{h['path']} (e.g. {h['example']})"
+
+
 def _fix(path: str) -> list[str]:
     return [
         f"Where `{path}` is filled, store `loss.item()` or `t.detach()` instead of the tensor "
@@ -56,7 +65,7 @@ def check(ctx: Context) -> list[Finding]:
                                                 f"{fmt_bytes(x['graph_bytes'])}"
                                                 for x in c.data["holders"] if x["path"] == h["path"]),
                                                "not present") for c in series],
-                where=[f"{h['path']} (e.g. {h['example']})"], fix=_fix(h["path"]),
+                where=[_where(h)], fix=_fix(h["path"]),
                 inputs=[c.path for c in series],
                 root_cause=("Each stored tensor references its grad_fn, which references the "
                             "activations saved for backward: the whole graph of every step stays "
@@ -80,7 +89,7 @@ def check(ctx: Context) -> list[Finding]:
                 evidence=[f"holder {h['path']}: count {h['count']}, with_grad_fn {h['with_grad_fn']}, "
                           f"graph_bytes {h['graph_bytes']}",
                           "A second census later shows whether it grows (then it is a leak)."],
-                where=[f"{h['path']} (e.g. {h['example']})"], fix=_fix(h["path"]),
+                where=[_where(h)], fix=_fix(h["path"]),
                 inputs=[c.path],
                 root_cause="A container accumulates tensors that still reference their graphs.",
                 metrics={"holder": h["path"], "with_grad_fn": h["with_grad_fn"],

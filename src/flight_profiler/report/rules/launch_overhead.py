@@ -8,6 +8,8 @@ the step time.
 
 from __future__ import annotations
 
+from typing import Any
+
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -21,6 +23,12 @@ FIX = [
     "or torch.cuda.graphs).",
 ]
 IDLE_PCT = 15.0
+
+
+def _callers(rows: list[dict[str, Any]], what: str) -> list[str]:
+    """The Python lines issuing them (from a uniform sample of the occurrences)."""
+    return [f"{r['where']} via {r['operator']}: {r['count']} {what} in the sample"
+            for r in rows[:3] if not r["where"].startswith("(")]
 TINY_WINDOW_PCT = 10.0
 
 
@@ -44,8 +52,9 @@ def check(ctx: Context) -> list[Finding]:
                     evidence=[f"kernels: {k['count']}, short (<{T.short_kernel_us:.0f} us): {k['short_count']}",
                               f"launch time on CPU {fmt_us(k['launch_total_us'])} vs kernel time "
                               f"{fmt_us(k['total_us'])}", f"GPU idle {fmt_pct(idle)}"],
-                    where=[f"kernel {x['name'][:90]}: {x['calls']} calls, mean {fmt_us(x['mean_us'])}"
-                           for x in sorted(d.get("top_kernels", []), key=lambda x: -x["calls"])[:3]],
+                    where=_callers(k.get("short_callers", []), "short kernels")
+                    + [f"kernel {x['name'][:90]}: {x['calls']} calls, mean {fmt_us(x['mean_us'])}"
+                       for x in sorted(d.get("top_kernels", []), key=lambda x: -x["calls"])[:3]],
                     fix=FIX, inputs=[tr.path],
                     root_cause="Kernels are so short that launching them costs as much as running them.",
                     metrics={"kernels": k["count"], "short_pct": k["short_pct"],
@@ -68,7 +77,8 @@ def check(ctx: Context) -> list[Finding]:
                 evidence=[f"operator calls {ops['calls']}, distinct {ops['distinct']}",
                           f"tiny calls {ops['tiny_calls']} ({fmt_pct(ops['tiny_calls_pct'])}), self time "
                           f"{fmt_us(ops['tiny_self_us'])}"],
-                where=[f"{x['name']}: {x['calls']} calls, mean self {fmt_us(x['mean_self_us'])}" for x in top],
+                where=_callers(ops.get("tiny_callers", []), "tiny ops")
+                + [f"{x['name']}: {x['calls']} calls, mean self {fmt_us(x['mean_self_us'])}" for x in top],
                 fix=FIX[:2], inputs=[tr.path],
                 root_cause="Per-operator dispatch overhead dominates: each op does very little work.",
                 metrics={"calls": ops["calls"], "tiny_calls_pct": ops["tiny_calls_pct"],

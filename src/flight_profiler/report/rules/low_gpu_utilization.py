@@ -29,8 +29,15 @@ def check(ctx: Context) -> list[Finding]:
                      f"copied/communicated {fmt_pct(b['non_compute_pct'])} and sat idle {fmt_pct(b['idle_pct'])}."),
             evidence=[f"idle {fmt_us(b['idle_us'])} ({fmt_pct(b['idle_pct'])}), compute "
                       f"{fmt_us(b['compute_us'])} ({fmt_pct(b['compute_pct'])}), non-compute "
-                      f"{fmt_us(b['non_compute_us'])} ({fmt_pct(b['non_compute_pct'])})"],
-            where=[f"GPU devices {tr.data.get('gpu_devices')}"],
+                      f"{fmt_us(b['non_compute_us'])} ({fmt_pct(b['non_compute_pct'])})",
+                      f"{len(tr.data.get('gpu_idle_gaps', []))} longest idle gaps listed under Where, "
+                      "with what the CPU thread that ended each one was doing"],
+            where=[f"idle {fmt_us(g['idle_us'])} at +{fmt_us(g['at_us'])} while the CPU was in "
+                   f"{g['cpu_was_in']}" + (f" > {g['innermost']}" if g["innermost"] not in
+                                            (None, g["cpu_was_in"]) else "")
+                   + (f" ({g['where']})" if not g["where"].startswith("(") else "")
+                   for g in tr.data.get("gpu_idle_gaps", [])[:5]]
+            or [f"GPU devices {tr.data.get('gpu_devices')}"],
             fix=["Fix the findings that stall the CPU first (sync, DataLoader, transfers): the GPU "
                  "waits for them.",
                  "Give the GPU more work per launch: a larger batch size, or torch.compile to fuse ops.",

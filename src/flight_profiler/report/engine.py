@@ -3,6 +3,7 @@ process, run every registered rule, and order the findings by severity."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -62,9 +63,36 @@ def _series_data(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def analyze(paths: Iterable[str]) -> Report:
-    """Diagnose traces, memory snapshots and tensor censuses; never raises for a bad file."""
-    inputs = [load_one(p) for p in expand([os.fspath(p) for p in paths])]
+# Below ~2 s of work, starting worker processes (spawn: ~0.5 s) costs more than it saves.
+PARALLEL_MIN_BYTES = 48 << 20
+
+
+def _load_all(files: list[str], jobs: int | None) -> list[InputResult]:
+    """Load inputs, several at a time in worker processes when they are big (several ranks)."""
+    if jobs is None:
+        jobs = int(os.environ.get("FP_REPORT_JOBS", "0") or 0) or (os.cpu_count() or 1)
+    if jobs > 1 and len(files) > 1:
+        total = 0  # bytes of JSON to decode, roughly: gzip shrinks traces ~10x
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(f) * (10 if f.endswith(".gz") else 1)
+        if total >= PARALLEL_MIN_BYTES:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn, not fork: the caller (diagnose) may have threads running.
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=ctx) as pool:
+                return list(pool.map(load_one, files))
+    return [load_one(f) for f in files]
+
+
+def analyze(paths: Iterable[str], jobs: int | None = None) -> Report:
+    """Diagnose traces, memory snapshots and tensor censuses; never raises for a bad file.
+
+    ``jobs``: worker processes for big multi-file inputs (default: CPU count, or
+    $FP_REPORT_JOBS; 1 = all in this process)."""
+    inputs = _load_all(expand([os.fspath(p) for p in paths]), jobs)
     ctx = build_context(inputs)
     findings: list[Finding] = []
     for rule in all_rules():
