@@ -40,7 +40,8 @@ while True:
     time.sleep(0.05)
 """
 
-# Counts loop iterations and prints a total every 0.25 s.
+# Counts loop iterations; every 0.25 s prints the count, the wall clock and its own CPU time
+# (iterations per CPU-second barely move when other processes compete for the cores).
 SPINNER = r"""
 import os, time
 os.write(1, b"READY\n")
@@ -51,7 +52,7 @@ while True:
         n += 1
     now = time.monotonic()
     if now - last >= 0.25:
-        os.write(1, f"n {n} {now}\n".encode())
+        os.write(1, f"n {n} {now} {time.process_time()}\n".encode())
         last = now
 """
 
@@ -74,10 +75,37 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
 
 
+CPU: list[float] = []  # CPU seconds (user+sys) of each timed command and its children (gdb)
+
+
 def wall(argv: list[str]) -> float:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return elapsed
+
+
+def timed(argv: list[str], cpu: list[float]) -> float:
+    elapsed = wall(argv)
+    cpu.append(CPU[-1])
+    return elapsed
+
+
+def idle_cpu_ticks(pid: int, seconds: float) -> int:
+    """CPU ticks (user+sys) the process used during ``seconds``."""
+    def ticks() -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    start = ticks()
+    time.sleep(seconds)
+    return ticks() - start
 
 
 def imported(argv: list[str]) -> set[str]:
@@ -99,15 +127,22 @@ def rss_kb(pid: int) -> int:
 
 def bench_latency(python: str, runs: int) -> dict[str, object]:
     first_cli, first_api, later_cli, later_api = [], [], [], []
+    first_cpu: list[float] = []
+    later_cpu: list[float] = []
     rss_delta: list[float] = []
+    idle_before: list[int] = []
+    idle_after: list[int] = []
     for _ in range(runs):
         proc, _ = spawn(python, SLEEPER)
         try:
             before = rss_kb(proc.pid)
-            first_cli.append(wall([*CLI, str(proc.pid), "--cmd", "status", "--json"]))
+            idle_before.append(idle_cpu_ticks(proc.pid, 2.0))
+            first_cli.append(timed([*CLI, str(proc.pid), "--cmd", "status", "--json"], first_cpu))
             rss_delta.append(rss_kb(proc.pid) - before)
+            idle_after.append(idle_cpu_ticks(proc.pid, 2.0))
             for _ in range(3):
-                later_cli.append(wall([*CLI, str(proc.pid), "--cmd", "status", "--json"]))
+                later_cli.append(timed([*CLI, str(proc.pid), "--cmd", "status", "--json"],
+                                       later_cpu))
             for _ in range(5):
                 start = time.perf_counter()
                 with connect(proc.pid) as session:
@@ -128,7 +163,11 @@ def bench_latency(python: str, runs: int) -> dict[str, object]:
         "first_command_api": median_ms(first_api),
         "later_command_cli": median_ms(later_cli),
         "later_command_api": median_ms(later_api),
+        "first_command_cli_cpu_ms (CLI + gdb, user+sys)": round(statistics.median(first_cpu) * 1000, 1),
+        "later_command_cli_cpu_ms": round(statistics.median(later_cpu) * 1000, 1),
         "target_rss_growth_kb_after_first_command": statistics.median(rss_delta),
+        "sleeping_target_cpu_ticks_per_2s (no agent, idle agent)": (
+            sum(idle_before), sum(idle_after)),
     }
 
 
@@ -181,16 +220,18 @@ def bench_imports(python: str) -> dict[str, object]:
     }
 
 
-def _counts(out: Path) -> list[tuple[int, float]]:
-    return [(int(a), float(b)) for a, b in re.findall(r"^n (\d+) ([\d.]+)$", out.read_text(), re.M)]
+def _counts(out: Path) -> list[tuple[int, float, float]]:
+    return [(int(a), float(b), float(c))
+            for a, b, c in re.findall(r"^n (\d+) ([\d.]+) ([\d.]+)$", out.read_text(), re.M)]
 
 
 def _rate(out: Path, t0: float, t1: float) -> float:
+    """Loop iterations per CPU-second of the target between wall times t0 and t1."""
     points = [p for p in _counts(out) if t0 <= p[1] <= t1]
     if len(points) < 2:
         return float("nan")
-    (n0, s0), (n1, s1) = points[0], points[-1]
-    return (n1 - n0) / (s1 - s0)
+    (n0, _, c0), (n1, _, c1) = points[0], points[-1]
+    return (n1 - n0) / (c1 - c0)
 
 
 def bench_idle(python: str, seconds: float, rounds: int) -> dict[str, object]:

@@ -4,6 +4,7 @@ from collections.abc import Iterator
 from typing import Callable
 
 import pytest
+
 from support import Target, spawn
 
 

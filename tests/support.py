@@ -17,7 +17,6 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -86,7 +85,7 @@ class Target:
             time.sleep(0.02)
         raise AssertionError(f"target did not print {pattern!r} in {timeout}s: {self.stdout[-2000:]}")
 
-    def stop(self, timeout: float = 10.0) -> Optional[int]:
+    def stop(self, timeout: float = 10.0) -> int | None:
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
             try:
@@ -100,10 +99,10 @@ class Target:
 def spawn(
     code: str,
     python: str = sys.executable,
-    ready: Optional[str] = "READY",
+    ready: str | None = "READY",
     timeout: float = 30.0,
-    env: Optional[dict[str, str]] = None,
-    cwd: Optional[str] = None,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
     args: tuple[str, ...] = (),
 ) -> Target:
     """Start ``python -c code`` (dedented) and wait for ``ready`` on its stdout."""

@@ -106,5 +106,22 @@ def test_diagnose_names_the_planted_problem(tmp_path: Path, name: str) -> None:
     else:
         assert result["findings"], f"no finding for {name}"
         top = result["findings"][0]
-        assert top["rule"] == expected, [f"{f['severity']} {f['rule']}" for f in result["findings"]]
+        assert top["rule"] == expected, (
+            [f"{f['severity']} {f['rule']}: {f['title']}" for f in result["findings"]],
+            {n: (p["status"], p["seconds"], p["data"].get("totals"), p["data"].get("seconds_since_before"))
+             for n, p in phases.items() if n.startswith(("census", "profile"))})
         assert top["severity"] in SEVERE
+
+
+def test_demo_runs_diagnoses_and_stops_its_workload(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [*CLI, "demo", "--workload", "dataloader_bound", "--out", str(out), "--calls", "3",
+         "--duration", "1"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the planted problem is dataloader-bottleneck: found it" in proc.stdout, proc.stdout
+    pid = int(proc.stdout.split("workload running as pid ")[1].split(";")[0])
+    assert not os.path.exists(f"/proc/{pid}"), "the demo left its workload running"
+    assert (out / "report.html").is_file() and (out / "workload.log").is_file()

@@ -235,3 +235,43 @@ def test_target_without_torch_gets_torch_missing(tmp_path):
         assert "torch imported: False" in t.target.stdout and t.target.popen.returncode == 0
     finally:
         t.target.stop()
+
+
+WINDOW_FIRST = """
+import os, sys, threading, time
+import torch
+
+stop_file = sys.argv[1]
+done = threading.Event()
+
+def worker():
+    lin = torch.nn.Linear(16, 16)
+    while not done.is_set():
+        with torch.no_grad():
+            lin(torch.randn(4, 16))
+        time.sleep(0.005)
+
+w = threading.Thread(target=worker)
+w.start()
+print("READY", flush=True)
+while not os.path.exists(stop_file):
+    time.sleep(0.02)
+done.set()
+w.join()
+print("DONE", flush=True)
+"""
+
+
+def test_window_mode_as_first_profiler_use(tmp_path):
+    """The first profiler start in a process, from the agent's thread: kineto complains on fd 2
+    that it was not initialised from the thread that imported torch; none of that may reach the
+    target's stderr, the worker thread's ops are recorded, and the target exits 0 later."""
+    t = Trainer(WINDOW_FIRST, tmp_path)
+    try:
+        result = t.json("torch profile --duration 1 -f w.json")
+        trace = json.loads((tmp_path / "w.json").read_text())
+        assert result["all_threads"] and any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])
+        assert t.finish() == 0
+        assert t.target.stderr == "" and "DONE" in t.target.stdout
+    finally:
+        t.target.stop()

@@ -258,7 +258,7 @@ def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions)
     run_diagnosis(FakeDriver(), options, progress)
     assert progress.lines[0] == "phase 1/12 Check the target (torch, CUDA)"
     assert "waiting waiting for train_step to be called: 3 of 4 calls" in progress.lines
-    assert "waiting waiting for train_step to be called: 4 of 4 calls" in progress.lines
+    assert "waiting 4 of 4 calls seen; the agent is finishing (writing its files)" in progress.lines
     assert progress.lines[-1] == "done report ok"
     assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 12
 
@@ -281,3 +281,15 @@ def test_outputs_are_complete_files(options: DiagnoseOptions) -> None:
     run_diagnosis(FakeDriver(), options)
     leftovers = [n for n in os.listdir(options.out_dir) if re.search(r"\.tmp$", n)]
     assert leftovers == []
+
+
+def test_an_output_directory_with_spaces_is_quoted(tmp_path: Path) -> None:
+    options = DiagnoseOptions(pid=4242, out_dir=str(tmp_path / "my runs" / "diag 1"),
+                              target=MethodTarget.parse(["__main__", "train_step"]), calls=2,
+                              duration=0.1, timeout=7.0)
+    driver = FakeDriver()
+    result = run_diagnosis(driver, options)
+    assert statuses(result)["census-after"] == "ok"
+    assert f"torch tensors -f '{options.out_dir}/census-before.json'" in driver.lines
+    assert (Path(options.out_dir) / "profile.json.gz").exists()
+    assert result.phase("profile").files == [f"{options.out_dir}/profile.json.gz"]

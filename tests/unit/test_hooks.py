@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import os
 import sys
 import textwrap
 import threading
@@ -405,6 +406,36 @@ def test_no_reference_to_arguments_survives_the_call(mod: types.ModuleType) -> N
         assert ref() is None
     finally:
         remove()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_functions_back(mod: types.ModuleType) -> None:
+    original = mod.f.__code__
+    inner_original = mod.outer(1).__code__
+    seen: list[Any] = []
+    remove = hooks.install(target(mod, "f"), None, lambda *a: seen.append(1))
+    remove_n = hooks.install(target(mod, "outer", nested="inner"), None, lambda *a: seen.append(1))
+    try:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running pytest's teardown
+            try:
+                ok = (mod.f.__code__ is original and mod.outer(1).__code__ is inner_original
+                      and not hooks.active() and not seen)
+                os.write(write_end, b"clean" if ok else b"hooked")
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        answer = os.read(read_end, 16)
+        os.close(read_end)
+        os.waitpid(pid, 0)
+        assert answer == b"clean"
+        assert mod.f.__code__ is not original  # the parent keeps its hook
+        mod.f(1, d=1)
+        assert seen == [1]
+    finally:
+        remove()
+        remove_n()
 
 
 def test_calls_from_many_threads_are_all_seen(mod: types.ModuleType) -> None:

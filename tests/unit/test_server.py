@@ -42,7 +42,20 @@ def _crash(ctx: registry.Context) -> dict[str, Any]:
     raise ZeroDivisionError("boom")
 
 
-TEST_HANDLERS = {"t_stream": _stream, "t_fail": _fail, "t_crash": _crash}
+FLOOD_DONE: list[float] = []
+
+
+def _flood(ctx: registry.Context) -> dict[str, Any]:
+    # what a watch hook in a hot loop of the target does: emit from the target's own thread
+    start = time.monotonic()
+    payload = "x" * 1000
+    for i in range(30000):
+        ctx.emit({"i": i, "payload": payload})
+    FLOOD_DONE.append(time.monotonic() - start)
+    return {"emitted": 30000}
+
+
+TEST_HANDLERS = {"t_stream": _stream, "t_fail": _fail, "t_crash": _crash, "t_flood": _flood}
 
 
 @pytest.fixture
@@ -270,3 +283,25 @@ def test_api_session_stream_and_early_break_cancels(agent: str) -> None:
     with session:
         assert session.request("status")["active_hooks"] == []
     assert session.client is None  # the with-block closed it
+
+
+def test_a_client_that_does_not_read_never_blocks_the_emitter(agent: str) -> None:
+    # GIVEN a client that sends a request and then does not read for a while
+    FLOOD_DONE.clear()
+    with _ClientCtx(agent) as c:
+        req = c.start("t_flood")
+        deadline = time.monotonic() + 10
+        while not FLOOD_DONE:
+            assert time.monotonic() < deadline, "emit blocked on a client that does not read"
+            time.sleep(0.01)
+        # THEN 30 MB of events were emitted without waiting for the socket
+        assert FLOOD_DONE[0] < 5.0
+        events, result = 0, None
+        for kind, data in c.messages(req):
+            if kind == "event":
+                events += 1
+            else:
+                result = data
+        # and every event is either delivered (in order, before the result) or counted as dropped
+        assert result is not None
+        assert events + result.get("events_dropped", 0) == 30000

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import json
+import subprocess
 import sys
 import threading
 import weakref
@@ -20,6 +21,7 @@ from torch_agent_helpers import drop_workload, make_workload, run_handler  # noq
 
 from flight_profiler.agent import census_diff  # noqa: E402
 from flight_profiler.agent.registry import CommandError  # noqa: E402
+from support import PYTHONS  # noqa: E402
 
 CENSUS_KEYS = {"format", "version", "pid", "time", "label", "totals", "groups", "holders", "sites",
                "skipped", "elapsed_s"}
@@ -144,6 +146,36 @@ def test_nothing_is_kept_alive_and_gc_state_is_restored(work, tmp_path):
     assert ref() is None  # freed by refcount alone: the census holds no reference
 
 
+def test_nothing_is_kept_alive_even_without_gc(tmp_path):
+    """No reference cycle may hold what the census saw: with the cyclic GC off, a tensor held
+    only by another thread's local must die as soon as that local is rebound."""
+    ready, go, dropped = threading.Event(), threading.Event(), threading.Event()
+    refs = []
+
+    def step_loop() -> None:
+        batch = torch.randn(128, 128)
+        refs.append(weakref.ref(batch))
+        ready.set()
+        go.wait(30)
+        batch = None
+        dropped.set()
+
+    t = threading.Thread(target=step_loop)
+    gc.disable()
+    try:
+        t.start()
+        assert ready.wait(10)
+        _, doc = census(tmp_path)
+        assert holder(doc, f"{__name__}.step_loop().batch")["count"] == 1
+        go.set()
+        assert dropped.wait(10)
+        assert refs[0]() is None
+    finally:
+        go.set()
+        t.join()
+        gc.enable()
+
+
 def test_disabled_gc_stays_disabled(tmp_path):
     gc.disable()
     try:
@@ -196,3 +228,62 @@ def test_renderer_shows_holders_and_growth(work, tmp_path):
     render_tensors(result, Console(file=out, width=200))
     text = out.getvalue()
     assert "fp_torch_workload.losses[*]" in text and "what grew" in text and str(tmp_path) in text
+
+
+HOLDER_SCRIPT = r"""
+import json, sys, threading, types, weakref
+sys.path.insert(0, sys.argv[1])
+from flight_profiler.agent import holder_paths
+
+class Tensor:
+    requires_grad = False
+    is_leaf = True
+    grad = None
+
+torch = types.SimpleNamespace(Tensor=Tensor, nn=types.SimpleNamespace(Module=type("Module", (), {})))
+mod = types.ModuleType("fp_holders"); sys.modules["fp_holders"] = mod
+mod.losses = [Tensor() for _ in range(5)]
+mod.trainer = types.SimpleNamespace(history={"loss": [Tensor()]})
+ready, go, dropped, done = (threading.Event() for _ in range(4))
+refs, out = [], {}
+
+def loop():
+    local_list = [Tensor() for _ in range(3)]
+    refs.append(weakref.ref(local_list[0]))
+    counter = 41
+    ready.set(); go.wait(10)
+    counter += 1
+    out["after"] = [len(local_list), counter]   # the walk left this function's locals intact
+    local_list = None   # only a stale f_locals snapshot could keep the old list alive now
+    dropped.set(); done.wait(10)
+
+t = threading.Thread(target=loop); t.start(); ready.wait(10)
+def census():  # as the agent does: from its own thread's frame, which is not walked
+    import gc, time
+    wanted = {id(o): o for o in gc.get_objects() if isinstance(o, Tensor)}
+    w = holder_paths.walk(torch, wanted, 100000, 12, time.monotonic() + 10,
+                          skip_thread=threading.get_ident())
+    return sorted({w.path(i)[1] for i in wanted if w.path(i)})
+
+paths = census()
+go.set(); dropped.wait(10)
+out["freed"] = refs[0]() is None
+done.set(); t.join()
+out["paths"] = paths
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version", sorted(PYTHONS))
+def test_holder_walk_and_frame_locals_on_every_python(version, tmp_path):
+    """Frame locals are read differently before 3.13 (a snapshot cached on the frame): the walk
+    must find locals by name, leave the running function intact, and keep nothing alive."""
+    script = tmp_path / "holders.py"
+    script.write_text(HOLDER_SCRIPT)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    proc = subprocess.run([PYTHONS[version], str(script), src], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert {"fp_holders.losses[*]", "fp_holders.trainer.history['loss'][*]",
+            "__main__.loop().local_list[*]"} <= set(out["paths"]), out
+    assert out["after"] == [3, 42] and out["freed"] is True

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from typing import Callable, IO
+from typing import IO, Callable
 
 
 def write_atomic(path: str, write: Callable[[IO[bytes]], None], mode: int = 0o600) -> int:
@@ -27,8 +28,6 @@ def write_atomic(path: str, write: Callable[[IO[bytes]], None], mode: int = 0o60
         os.replace(tmp, path)
         return size
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise

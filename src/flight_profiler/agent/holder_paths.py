@@ -30,6 +30,7 @@ _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, 
                types.CodeType, types.FrameType, types.TracebackType, types.GeneratorType)
 _HEAPTYPE = 1 << 9
 _tracked = gc.is_tracked
+_OURS = ("_flight_profiler_agent", "flight_profiler")  # the agent's own modules and threads
 _CO_OPTIMIZED = 0x0001
 _IDLIKE = re.compile(r"^(?:\d+|[0-9a-fA-F]{8,}|[0-9a-fA-F-]{32,36}|0x[0-9a-fA-F]+)$")
 
@@ -100,7 +101,7 @@ def _module_order(modules: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     own: list[tuple[str, Any]] = []
     libs: list[tuple[str, Any]] = []
     for name, module in modules:
-        if name.startswith(("_flight_profiler_agent", "flight_profiler")):
+        if name.startswith(_OURS):
             continue  # ourselves
         if name == "__main__":
             main.append((name, module))
@@ -122,23 +123,33 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
     """
     roots: list[tuple[str, dict[str, Any]]] = []
     snapshot_semantics = sys.version_info < (3, 13)
-    for ident, frame in sys._current_frames().items():
-        if ident == skip_thread:
-            continue
-        f: Any = frame
-        while f is not None:
-            code = f.f_code
-            if code.co_flags & _CO_OPTIMIZED and not code.co_filename.startswith("<flight_profiler"):
-                module = f.f_globals.get("__name__", "?")
-                prefix = f"{module}.{code.co_name}()"
-                if not snapshot_semantics:
-                    roots.append((prefix, dict(f.f_locals)))
-                elif f.f_trace is None and "locals" not in code.co_names and "vars" not in code.co_names:
-                    snap = f.f_locals
-                    roots.append((prefix, dict(snap)))
-                    snap.clear()
-            f = f.f_back
-        del f, frame
+    # The frames dict holds this very frame (and the census's own, below it): it must not
+    # outlive this function, or frame -> local -> dict -> frame would be a cycle keeping every
+    # tensor the census collected alive until the next GC pass.
+    frames = sys._current_frames()
+    frames.pop(skip_thread, None)  # type: ignore[arg-type]
+    f: Any = None
+    top: Any = None
+    try:
+        for top in list(frames.values()):
+            f = top
+            while f is not None:
+                code = f.f_code
+                module = str(f.f_globals.get("__name__", "?"))
+                if code.co_flags & _CO_OPTIMIZED and not code.co_filename.startswith("<flight_profiler") \
+                        and not module.startswith(_OURS):
+                    prefix = f"{module}.{code.co_name}()"
+                    if not snapshot_semantics:
+                        roots.append((prefix, dict(f.f_locals)))
+                    elif f.f_trace is None and "locals" not in code.co_names and "vars" not in code.co_names:
+                        snap = f.f_locals
+                        roots.append((prefix, dict(snap)))
+                        snap.clear()
+                        snap = None
+                f = f.f_back
+    finally:
+        frames.clear()
+        f = top = None
     return roots
 
 
@@ -234,7 +245,7 @@ def _may_hold(obj: Any, t: type) -> bool:
             values = obj
         elif issubclass(t, type):
             return bool(obj.__flags__ & _HEAPTYPE)
-        elif t.__flags__ & _HEAPTYPE:
+        elif t.__flags__ & _HEAPTYPE or t is types.SimpleNamespace:
             d = object.__getattribute__(obj, "__dict__")
             if not isinstance(d, dict):
                 return False
@@ -275,7 +286,7 @@ def _expand(obj: Any, cid: int, visit: Any, module_type: Any) -> None:
             for i, v in enumerate(list(obj)):
                 if type(v) not in _ATOMIC:
                     visit(cid, INDEX, i, v, type(obj).__name__)
-        elif t.__flags__ & _HEAPTYPE:
+        elif t.__flags__ & _HEAPTYPE or t is types.SimpleNamespace:
             try:
                 d = object.__getattribute__(obj, "__dict__")
             except Exception:

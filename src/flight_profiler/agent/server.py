@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from . import protocol, registry
+from .outbox import Outbox
 
 AGENT_VERSION = "0.1.0"
 THREAD_PREFIX = "flight_profiler-"  # the agent's threads; `stack` hides them by default
@@ -235,26 +236,28 @@ class Connection:
                        "data": {"detached": True, "hooks_removed": removed}})
             return False
         args = message.get("args") or {}
+        outbox = Outbox(self.send, req_id, THREAD_PREFIX + "events")
         ctx = registry.Context(args if isinstance(args, dict) else {},
-                               emit=self._emitter(req_id), agent=self.server.state)
+                               emit=outbox.emit, agent=self.server.state)
         self._ctx, self._req_id, self._busy = ctx, req_id, True
         self._worker = threading.Thread(
-            target=self._run_request, args=(ctx, req_id, cmd), name=THREAD_PREFIX + "request",
-            daemon=True,
+            target=self._run_request, args=(ctx, req_id, cmd, outbox),
+            name=THREAD_PREFIX + "request", daemon=True,
         )
         self._worker.start()
         return True
 
-    def _emitter(self, req_id: Any) -> Any:
-        def emit(data: dict[str, Any]) -> None:
-            self.send({"type": "event", "id": req_id, "data": data})
-
-        return emit
-
-    def _run_request(self, ctx: registry.Context, req_id: Any, cmd: str) -> None:
+    def _run_request(self, ctx: registry.Context, req_id: Any, cmd: str, outbox: Outbox) -> None:
         try:
             try:
-                data = registry.run(ctx, cmd)
+                try:
+                    data = registry.run(ctx, cmd)
+                finally:
+                    outbox.flush()  # every event goes out before the result
+                if outbox.dropped:
+                    log.warning("%s: %d events dropped (client too slow)", cmd, outbox.dropped)
+                    if isinstance(data, dict):
+                        data["events_dropped"] = outbox.dropped
             except registry.CommandError as exc:
                 self._busy = False
                 self._error(req_id, exc.kind, exc.message, exc.hint)

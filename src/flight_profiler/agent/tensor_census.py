@@ -45,7 +45,8 @@ def _storage(torch: Any, t: Any) -> tuple[str, int, int] | None:
     """(device, storage key, storage bytes) of a dense tensor; None for sparse/meta/odd ones."""
     if t.layout != torch.strided or t.is_meta:
         return None
-    st = t.untyped_storage()
+    # untyped_storage() since torch 2.0; storage() before (TypedStorage has nbytes() too)
+    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
     ptr = st.data_ptr()
     nbytes = st.nbytes()
     # Storages of 0 bytes share ptr 0; key them apart so they are not merged.

@@ -150,8 +150,13 @@ def _has_own_repr(value: Any) -> bool:
     return type(value).__repr__ is not object.__repr__  # type: ignore[comparison-overlap]
 
 
+_FAST = frozenset({int, float, bool, type(None)})  # exact types whose repr is short and safe
+
+
 def render(value: Any, depth: int = 1, limit: int = MAX_TOTAL) -> str:
     """``value`` as text: containers/objects expanded ``depth`` levels, capped at ``limit``."""
+    if type(value) in _FAST:  # the common case in a flood of calls: no lookups at all
+        return repr(value)
     try:
         return cap(_render(value, depth, sys.modules.get("torch"), sys.modules.get("numpy")), limit)
     except Exception as exc:  # belt and braces: rendering must never raise

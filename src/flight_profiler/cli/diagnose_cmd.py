@@ -126,7 +126,7 @@ def _leave(driver: object) -> None:
     if session is None:
         return
     try:
-        if session.injected and session.client is not None:
+        if getattr(driver, "injected", False) and session.client is not None:
             session.detach()
     except FlightProfilerError:
         pass

@@ -52,6 +52,9 @@ class SessionDriver:
     def __init__(self, session: Session, connect_timeout: float = 10.0) -> None:
         self.session = session
         self.connect_timeout = connect_timeout
+        # Whether this diagnosis put the agent there (then it removes it at the end), even if
+        # a dropped connection made it reconnect since.
+        self.injected = bool(getattr(session, "injected", False))
 
     def _client(self) -> Any:
         if self.session.client is None:

@@ -87,15 +87,22 @@ class RichProgress:
         self._title = ""
         self._text = ""
         self._started = time.monotonic()
-        self._status: Status = self.console.status("starting", spinner="dots")
+        # The line is rebuilt at every refresh (rich calls __rich__), so the elapsed time ticks
+        # even while nothing arrives.
+        self._status: Status = self.console.status(self, spinner="dots")
         self._status.start()
 
-    def _refresh(self) -> None:
-        from rich.markup import escape
+    def __rich__(self) -> Any:
+        from rich.text import Text
 
-        elapsed = time.monotonic() - self._started
-        waiting = f": {escape(self._text)}" if self._text else ""
-        self._status.update(f"[bold]{escape(self._title)}[/bold]{waiting} [dim]({elapsed:.0f}s)[/dim]")
+        line = Text(self._title, style="bold")
+        if self._text:
+            line.append(f": {self._text}")
+        line.append(f" ({time.monotonic() - self._started:.0f}s)", style="dim")
+        return line
+
+    def _refresh(self) -> None:
+        self._status.update(self)
 
     def phase(self, index: int, total: int, title: str) -> None:
         self._title = f"[{index}/{total}] {title}"

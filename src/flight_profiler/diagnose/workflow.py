@@ -15,8 +15,9 @@ growth; the profile comes before watch/trace so that their hooks cannot distort 
 from __future__ import annotations
 
 import os
+import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from flight_profiler.diagnose import stats
@@ -72,10 +73,10 @@ class Run:
     cuda: bool | None = None
     method_called: bool | None = None  # None: no method given or not checked yet
     census_before_at: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     def path(self, name: str) -> str:
-        return os.path.join(self.options.out_dir, name)
+        """An artefact's path, quoted for a command line (the directory may contain spaces)."""
+        return shlex.quote(os.path.join(self.options.out_dir, name))
 
     def command(self, phase: PhaseResult, line: str, timeout: float | None = None,
                 expect_calls: int | None = None) -> dict[str, Any]:
@@ -95,8 +96,12 @@ class Run:
             seen[0] = calls_seen(data, seen[0])
             phase.data.setdefault("events", []).append(data)
             if expect_calls and target is not None:
-                self.progress.waiting(f"waiting for {target.label} to be called: "
-                                      f"{min(seen[0], expect_calls)} of {expect_calls} calls")
+                if seen[0] >= expect_calls:
+                    self.progress.waiting(f"{expect_calls} of {expect_calls} calls seen; the "
+                                          "agent is finishing (writing its files)")
+                else:
+                    self.progress.waiting(f"waiting for {target.label} to be called: "
+                                          f"{seen[0]} of {expect_calls} calls")
 
         limit = self.options.timeout if timeout is None else timeout
         return self.driver.run(line, on_event, limit + BACKSTOP_S)
@@ -283,7 +288,8 @@ def phase_census_after(run: Run, phase: PhaseResult) -> None:
             time.sleep(left)
     path = run.path("census-after.json")
     before = run.path("census-before.json")
-    line = f"torch tensors -f {path}" + (f" --diff {before}" if os.path.exists(before) else "")
+    had_before = os.path.exists(os.path.join(o.out_dir, "census-before.json"))
+    line = f"torch tensors -f {path}" + (f" --diff {before}" if had_before else "")
     result = run.command(phase, line)
     _expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
@@ -291,7 +297,8 @@ def phase_census_after(run: Run, phase: PhaseResult) -> None:
         phase.data["seconds_since_before"] = round(time.monotonic() - run.census_before_at, 2)
 
 
-def _expect_file(phase: PhaseResult, path: str) -> None:
+def _expect_file(phase: PhaseResult, quoted: str) -> None:
+    path = shlex.split(quoted)[0]
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         raise FlightProfilerError(f"the agent reported success but {path} is missing or empty")
     phase.files.append(path)

@@ -7,6 +7,7 @@ Then :class:`CallerIndex` says which Python frames and operators were open there
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from typing import Any
 
@@ -86,8 +87,8 @@ def idle_after(busy: list[tuple[float, float]], times: list[float]) -> list[floa
 def idle_gaps(raw: RawTrace, index: CallerIndex, busy: list[tuple[float, float]],
               top: int = 5) -> list[dict[str, Any]]:
     """The longest GPU idle gaps, and what the CPU thread that ended each gap was doing."""
-    gaps = sorted(((busy[i + 1][0] - busy[i][1], busy[i][1], busy[i + 1][0])
-                   for i in range(len(busy) - 1)), reverse=True)[:top]
+    gaps = heapq.nlargest(top, ((busy[i + 1][0] - busy[i][1], busy[i][1], busy[i + 1][0])
+                                for i in range(len(busy) - 1)))
     if not gaps:
         return []
     ends = {g[2] for g in gaps}

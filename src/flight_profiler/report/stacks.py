@@ -7,6 +7,8 @@ so a thread is re-sorted only when the loader saw it out of order; Timsort makes
 from __future__ import annotations
 
 import re
+from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,68 +51,86 @@ def _order(th: ThreadIntervals) -> Sequence[int]:
     return th.order
 
 
-def _open_at(stack: list[int], th: ThreadIntervals, all_names: list[str],
-             t: float, annotations: bool) -> tuple[str | None, list[str]]:
-    """(innermost user frame, operators outermost-first) among the open spans at t; with
-    ``annotations``, record_function spans (DataLoader, Optimizer.step ...) count as operators."""
-    end = th.end
-    while stack and end[stack[-1]] < t:
-        stack.pop()
-    user: str | None = None
-    ops: list[str] = []
-    for j in stack:  # outermost first
-        if end[j] < t:
-            continue
-        name = all_names[th.name[j]]
-        kind = th.kind[j]
-        if kind == PY_FRAME:
-            if is_user_frame(name):
-                user = frame_location(name)  # the innermost wins
-        elif kind == CPU_OP or (annotations and not name.startswith("ProfilerStep")):
-            ops.append(name)
-    return user, ops
+@dataclass
+class _Nested:
+    """One thread's spans in start order, each with the index of its enclosing span."""
+
+    ts: Sequence[float]
+    end: Sequence[float]
+    name: Sequence[int]
+    kind: Sequence[int]
+    parent: array[int]
+
+
+def _nest(th: ThreadIntervals) -> _Nested:
+    if th.sorted:
+        ts, end, name, kind = th.ts, th.end, th.name, th.kind
+    else:
+        order = _order(th)
+        ts = array("d", (th.ts[i] for i in order))
+        end = array("d", (th.end[i] for i in order))
+        name = array("l", (th.name[i] for i in order))
+        kind = array("b", (th.kind[i] for i in order))
+    n = len(ts)
+    parent = array("l", bytes(8 * n)) if n else array("l")
+    stack: list[int] = []
+    for p in range(n):
+        t0 = ts[p]
+        while stack and end[stack[-1]] <= t0:
+            stack.pop()
+        parent[p] = stack[-1] if stack else -1
+        stack.append(p)
+    return _Nested(ts, end, name, kind, parent)
 
 
 @dataclass
 class CallerIndex:
-    """Answers, for many (thread, time) points at once: which operators and Python frames were
-    open there. One sweep per thread over its spans, queries sorted by time: O(spans + queries)."""
+    """Answers, for (thread, time) points: which operators and Python frames were open there.
+
+    Built once per thread on first use (one sweep records each span's parent); then a point is
+    a binary search for the last span started before it and a walk up its parents."""
 
     raw: RawTrace
 
+    def __post_init__(self) -> None:
+        self._nested: dict[int, _Nested | None] = {}
+
+    def _thread(self, key: int) -> _Nested | None:
+        if key not in self._nested:
+            th = self.raw.threads.get(key)
+            self._nested[key] = _nest(th) if th is not None and len(th.ts) else None
+        return self._nested[key]
+
     def resolve(self, points: list[tuple[int, float]],
                 annotations: bool = False) -> list[tuple[str | None, list[str]]]:
-        """For each (thread key, t): (innermost user frame as file:line, operators outermost-first)."""
-        answers: list[tuple[str | None, list[str]]] = [(None, [])] * len(points)
-        by_thread: dict[int, list[tuple[float, int]]] = {}
-        for qid, (key, t) in enumerate(points):
-            by_thread.setdefault(key, []).append((t, qid))
+        """For each (thread key, t): (innermost user frame as file:line, operators
+        outermost-first); with ``annotations``, record_function spans (DataLoader,
+        Optimizer.step ...) count as operators."""
         all_names = self.raw.names
-        for key, queries in by_thread.items():
-            th = self.raw.threads.get(key)
-            if th is None:
+        out: list[tuple[str | None, list[str]]] = []
+        for key, t in points:
+            nested = self._thread(key)
+            if nested is None:
+                out.append((None, []))
                 continue
-            queries.sort()
-            ts, end = th.ts, th.end
-            stack: list[int] = []
-            qi, nq = 0, len(queries)
-
-            for i in _order(th):
-                s = ts[i]
-                while qi < nq and queries[qi][0] < s:
-                    t, qid = queries[qi]
-                    answers[qid] = _open_at(stack, th, all_names, t, annotations)
-                    qi += 1
-                if qi >= nq:
-                    break
-                while stack and end[stack[-1]] <= s:
-                    stack.pop()
-                stack.append(i)
-            while qi < nq:
-                t, qid = queries[qi]
-                answers[qid] = _open_at(stack, th, all_names, t, annotations)
-                qi += 1
-        return answers
+            ts, end, parent = nested.ts, nested.end, nested.parent
+            p = bisect_right(ts, t) - 1
+            while p >= 0 and end[p] < t:
+                p = parent[p]
+            user: str | None = None
+            ops: list[str] = []
+            while p >= 0:  # innermost to outermost
+                name = all_names[nested.name[p]]
+                kind = nested.kind[p]
+                if kind == PY_FRAME:
+                    if user is None and is_user_frame(name):
+                        user = frame_location(name)
+                elif kind == CPU_OP or (annotations and not name.startswith("ProfilerStep")):
+                    ops.append(name)
+                p = parent[p]
+            ops.reverse()
+            out.append((user, ops))
+        return out
 
 
 def operator_self_times(
@@ -121,6 +141,10 @@ def operator_self_times(
     stats: dict[str, list[float]] = {}
     tiny: list[tuple[int, float, float, str]] = []
     names = raw.names
+    # Sample every k-th operator so that the tiny ones kept are spread over the whole trace.
+    total = sum(th.kind.count(CPU_OP) for th in raw.threads.values())
+    stride = max(1, total // max_samples) if max_samples else 0
+    seen = [0]
     for key, th in raw.threads.items():
         ts, end, nm, kind = th.ts, th.end, th.name, th.kind
         stack: list[list[float]] = []  # [end, name id, duration, children, start]
@@ -137,8 +161,10 @@ def operator_self_times(
                 s[0] += 1
                 s[1] += item[2]
                 s[2] += self_us
-            if self_us < tiny_us and len(tiny) < max_samples:
-                tiny.append((key, item[4], self_us, name))
+            if self_us < tiny_us and stride:
+                seen[0] += 1
+                if seen[0] % stride == 0:
+                    tiny.append((key, item[4], self_us, name))
 
         for i in _order(th):
             if kind[i] != CPU_OP:

@@ -48,6 +48,9 @@ class Thresholds:
     growth_min_pct: float = 10.0
     # graph-retention from one census: a container holding this many grad_fn tensors.
     graph_holder_min_count: int = 50
+    # graph-retention across censuses: growth below this many grad_fn tensors is a step in
+    # flight (the loss of the current iteration), not retention.
+    graph_growth_min_count: int = 10
     # fragmentation: reserved / allocated, and the absolute waste that makes it matter.
     frag_ratio: float = 1.5
     frag_min_waste_bytes: int = 512 << 20

@@ -230,7 +230,7 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
                              "mean_us": round(v[1] / v[0], 3)} for k, v in top]
 
     # Operators (CPU) by self time
-    ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, 50 * MAX_ATTRIBUTED)
+    ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, MAX_ATTRIBUTED)
     if ops:
         self_list = sorted(ops.items(), key=lambda kv: -kv[1][2])
         m["top_operators"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),

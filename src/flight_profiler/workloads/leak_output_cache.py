@@ -1,11 +1,14 @@
 """Planted problem: an ever-growing cache of output tensors (expected top finding: ``memory-leak``).
 
-``train_step`` memoises the model's outputs (256 x 64 logits) in a module-level dict keyed by the
-step number, a key that never repeats, so nothing is ever evicted::
+``train_step`` keeps a sample of each step's outputs (the first 256 rows of the logits, 64
+classes) for a later plot, in a module-level dict keyed by the step number: a key that never
+repeats, so nothing is ever evicted::
 
-    _output_cache[_step] = logits.detach()   # the bug: one new 64 KB tensor every step
+    _output_cache[_step] = logits[:SAMPLE].detach().clone()   # the bug: a new 64 KB tensor each step
     # the fix: bound the cache (functools.lru_cache / an OrderedDict with a max size), key it by
     # something that repeats, or do not keep device tensors at all
+
+(``.clone()`` because a slice alone is a view that would keep the whole batch's logits alive.)
 
 The tensors are detached (no autograd graph), so this is a plain leak, not graph retention:
 live memory and the count of live tensors held by one dict grow linearly with steps.
@@ -30,6 +33,7 @@ from flight_profiler.workloads._common import (
 )
 
 LEAK_CAP_MB = 2048
+SAMPLE = 256  # rows kept per step, whatever the batch size (the GPU batch is larger)
 N_CLASSES = 64
 
 _output_cache: dict[int, torch.Tensor] = {}
@@ -56,8 +60,8 @@ def train_step() -> float:
     loss.backward()  # type: ignore[no-untyped-call]
     _optimizer.step()
     _step += 1
-    _output_cache[_step] = logits.detach()  # PLANTED: a cache whose key never repeats
-    if len(_output_cache) * _batch[0].shape[0] * N_CLASSES * 4 > LEAK_CAP_MB * 2**20:
+    _output_cache[_step] = logits[:SAMPLE].detach().clone()  # PLANTED: a cache whose key never repeats
+    if len(_output_cache) * SAMPLE * N_CLASSES * 4 > LEAK_CAP_MB * 2**20:
         print(f"leak cap of {LEAK_CAP_MB} MB reached: clearing the cache (demo safety)", flush=True)
         _output_cache.clear()
     return 0.0

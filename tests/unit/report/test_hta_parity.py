@@ -53,6 +53,7 @@ def test_cpu_only_trace_works_without_gpu_metrics() -> None:
     assert not any(f.rule == "low-gpu-utilization" for f in report.findings)
 
 
+@pytest.mark.slow
 def test_parallel_loading_gives_the_same_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     from flight_profiler.report import engine
 

@@ -161,3 +161,12 @@ def test_files_written_by_the_agent_code_are_diagnosed() -> None:
     assert census_leak.metrics["growing_holders"][0] == "__main__.LOSSES[*]"
     snaps = [i for i in report.inputs if i.kind == "snapshot"]
     assert [s.data["device_type"] for s in snaps] == ["cpu"] * 3
+
+
+def test_a_loss_in_flight_is_not_graph_retention(tmp_path: Path) -> None:
+    # Seen on a real run: the census catches the current step's loss (1 -> 2 tensors).
+    paths = [str(write_json(tmp_path / f"c{k}.json",
+                            census(3, float(k), [holder("<unreached>", 1 + k, 8 * (k + 1), grad=1 + k,
+                                                        kind="unknown")])))
+             for k in range(2)]
+    assert _rules(analyze(paths), "graph-retention") == []

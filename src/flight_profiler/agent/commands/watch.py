@@ -37,6 +37,8 @@ from ..registry import CommandError, Context
 from ..targets import Target, resolve
 
 NAMES = ("params", "args", "kwargs", "return_obj", "throw_exp", "target", "cost")
+_ARGS, _COST, _RETURN = "args", "cost", "return"
+_KINDS = {"params": _ARGS, "args": _ARGS, "cost": _COST, "return_obj": _RETURN}
 DEFAULT_EXPRS = ("params", "return_obj", "cost")
 QUEUE_MAX = 256  # events waiting to be sent; beyond it calls are counted as dropped
 POLL_S = 0.05
@@ -317,23 +319,26 @@ def handle_watch(ctx: Context) -> dict[str, Any]:
 
     evaluate = compile_call_function(exprs, target, "--expr")
     depths = [expand + 1 if e in ("params", "args", "kwargs") else expand for e in exprs]
+    kinds = [_KINDS.get(e) for e in exprs]
     default_view = not expr_text
     clock = time.time
 
     def render(n: int, args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> dict[str, Any]:
         results = evaluate(args, kwargs, value, exc, elapsed)
         shown = []
-        for label, result, depth in zip(exprs, results, depths):
-            if default_view and label == "return_obj" and exc is not None:
+        render_value = values.render
+        for label, kind, result, depth in zip(exprs, kinds, results, depths):
+            if kind is _RETURN and exc is not None and default_view:
                 continue  # a call that raised has no return value to show
-            if label == "cost":
-                text = values.fmt_ms(result) if isinstance(result, float) else values.render(result, depth)
-            elif isinstance(result, ExprError):
+            if type(result) is ExprError:
                 text = result.text
-            elif label in ("params", "args") and isinstance(result, tuple):
-                text = "(" + ", ".join(values.render(v, depth - 1) for v in result) + ("," if len(result) == 1 else "") + ")"
+            elif kind is _COST and type(result) is float:
+                text = values.fmt_ms(result)
+            elif kind is _ARGS and type(result) is tuple:
+                inner = [render_value(v, depth - 1) for v in result]
+                text = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
             else:
-                text = values.render(result, depth)
+                text = render_value(result, depth)
             shown.append([label, text])
         return {
             "type": "call",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 Renderer = Callable[[dict[str, Any], "Console"], None]
 
 
-def render_json(data: dict[str, Any], console: "Console") -> None:
+def render_json(data: dict[str, Any], console: Console) -> None:
     console.print_json(json.dumps(data, default=str))
 
 
@@ -23,9 +23,9 @@ class AgentRequest:
     cmd: str  # the agent's handler name (registry.HANDLERS)
     args: dict[str, Any] = field(default_factory=dict)
     render_result: Renderer = render_json
-    render_event: Optional[Renderer] = None  # set for streaming commands
+    render_event: Renderer | None = None  # set for streaming commands
     # Optional CLI-side step after the result arrives (e.g. print where a file was written).
-    after: Optional[Callable[[dict[str, Any]], None]] = None
+    after: Callable[[dict[str, Any]], None] | None = None
 
 
 def target_args(words: tuple[str, ...] | list[str], nested: str | None = None) -> dict[str, Any]:

@@ -203,13 +203,19 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
 
 @click.command("torch tensors", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows per table.")
-@click.option("--by", type=click.Choice(["holder", "shape", "site"]), default="holder", show_default=True)
+@click.option("--by", type=click.Choice(["holder", "shape", "site"]), default="holder", show_default=True,
+              help="Which table comes first (sites are only known to `torch memory -r`).")
 @click.option("--diff", "diff", type=click.Path(dir_okay=False), help="A previous census JSON: show what grew.")
 @click.option("-f", "--file", "file", help="Output JSON (default: fp-<pid>-census-<time>.json in this directory).")
 @click.option("--label", default="", help="Label stored in the census.")
 @click.option("--budget", type=click.FloatRange(0.1), default=5.0, show_default=True, help="Time budget in seconds.")
 def tensors(top: int, by: str, diff: str | None, file: str | None, label: str, budget: float) -> AgentRequest:
-    """Census of live tensors and who holds them (leak finder); --diff PREVIOUS.json for growth."""
+    """Census of live tensors and who holds them (leak finder); --diff PREVIOUS.json for growth.
+
+    \b
+    torch tensors -f before.json
+    torch tensors -f after.json --diff before.json    what grew, by holder and by shape
+    """
     args: dict[str, Any] = {"top": top, "by": by, "label": label, "seconds": budget, **_out(file)}
     if diff:
         args["previous"] = load_census(diff)
@@ -262,12 +268,12 @@ def _schedule(text: str | None) -> list[int] | None:
 @click.option("--duration", type=click.FloatRange(0.01, 3600), help="Profile all threads for SECONDS instead of a method.")
 @click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to profile.")
 @click.option("-f", "--file", "file", help="Output trace (default: fp-<pid>-profile-<time>.pt.trace.json.gz here).")
-@click.option("--record-shapes", is_flag=True)
-@click.option("--profile-memory", is_flag=True)
-@click.option("--with-stack", is_flag=True)
+@click.option("--record-shapes", is_flag=True, help="Record operator input shapes.")
+@click.option("--profile-memory", is_flag=True, help="Record allocations ([memory] events).")
+@click.option("--with-stack", is_flag=True, help="Record Python stacks (python_function events).")
 @click.option("--sort-by", type=click.Choice(["self_cpu", "cpu_total", "self_cuda", "count"]),
               help="Sort key of the operator table (default self_cuda with CUDA, else self_cpu).")
-@click.option("--row-limit", type=click.IntRange(1), default=15, show_default=True)
+@click.option("--row-limit", type=click.IntRange(1), default=15, show_default=True, help="Rows of the operator table.")
 @click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
 @click.option("--schedule", help="wait,warmup,active[,repeat]: ProfilerStep per call (training steps).")
 @click.option("--tensorboard", type=click.Path(file_okay=False), help="Write DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz.")

@@ -154,7 +154,8 @@ def summary(data: dict[str, Any], what: str) -> str:
                    "them, e.g. --expr 'params[0].shape, cost'. Default: params, return_obj, cost.")
 @click.option("-f", "--filter", "condition", metavar="CONDITION",
               help="Only calls where this expression is true, e.g. -f 'cost > 10' or "
-                   "-f 'params[0] == 3'.")
+                   "-f 'params[0] == 3'. A filter on params/kwargs/target only is decided "
+                   "before the call and is the cheapest.")
 @click.option("-e", "--exceptions", is_flag=True, help="Only calls that raised.")
 @click.option("-x", "--expand", type=click.IntRange(0, 8), default=1, show_default=True,
               help="Depth to which containers and objects are expanded.")

@@ -46,7 +46,7 @@ def check(ctx: Context) -> list[Finding]:
             hist = per_path.get(h["path"], [h])
             before = first.get(h["path"], {"with_grad_fn": 0, "graph_bytes": 0, "count": 0})
             grads = [x["with_grad_fn"] for x in hist]
-            grows = h["with_grad_fn"] > before["with_grad_fn"] and all(
+            grows = h["with_grad_fn"] - before["with_grad_fn"] >= T.graph_growth_min_count and all(
                 b >= a for a, b in zip(grads, grads[1:]))
             if not grows or h["with_grad_fn"] == 0:
                 continue
