@@ -8,8 +8,8 @@ Prints (and with --json emits) :
 - bare `flight_profiler --help`, against `python -c pass` on the same interpreter;
 - which heavy modules `--help` and a reconnect import (-X importtime): torch never, rich tables
   only when a table is rendered;
-- idle cost: loop throughput of a target before/after an agent arrives (left idle), divided by
-  the same before/after change of an identical target running alongside without an agent.
+- idle cost: a loop's throughput (iterations per CPU-second) with an idle agent vs without, in
+  the same process (attach / detach alternating), relative to a control process alongside.
 Targets of the peer comparison (docs/attach.md): first command < 0.5 s, later < 0.1 s.
 """
 
@@ -235,38 +235,39 @@ def _rate(out: Path, t0: float, t1: float) -> float:
 
 
 def bench_idle(python: str, seconds: float, rounds: int) -> dict[str, object]:
-    """Idle cost as a difference-in-differences ratio, robust to load changing over time.
+    """Idle cost: one spinner alternates without / with an idle agent (attach, then detach),
+    measured against a second spinner running alongside that never gets an agent.
 
-    Two identical spinners run at once. Both are measured for ``seconds`` (before), then one
-    gets an agent (left idle) and both are measured again (after). The ratio
-    (A_after / A_before) / (B_after / B_before) is 1.0 when an idle agent costs nothing.
-    Roles alternate between rounds (use an even number of rounds).
+    Each "with agent" window is compared with the mean of the two "without" windows around it,
+    all as the ratio A/control of iterations per CPU-second, so that load changing over time
+    and differences between the two processes cancel out. 1.0 means an idle agent costs
+    nothing; the spread of the rounds shows the noise floor of the machine.
     """
+    a, out_a = spawn(python, SPINNER)
+    c, out_c = spawn(python, SPINNER)
+
+    def window() -> float:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        t1 = time.monotonic()
+        return _rate(out_a, t0, t1) / _rate(out_c, t0, t1)
+
     ratios = []
-    for r in range(rounds):
-        a, out_a = spawn(python, SPINNER)
-        b, out_b = spawn(python, SPINNER)
-        try:
-            (agent_p, agent_out), ctrl_out = (a, out_a), out_b
-            if r % 2:
-                (agent_p, agent_out), ctrl_out = (b, out_b), out_a
-            time.sleep(0.5)
-            t0 = time.monotonic()
-            time.sleep(seconds)
-            t1 = time.monotonic()
-            with connect(agent_p.pid, timeout=15):
+    try:
+        before = window()
+        for _ in range(rounds):
+            with connect(a.pid, timeout=15):
                 pass  # the agent stays, idle
-            time.sleep(0.5)
-            t2 = time.monotonic()
-            time.sleep(seconds)
-            t3 = time.monotonic()
-            agent_change = _rate(agent_out, t2, t3) / _rate(agent_out, t0, t1)
-            ctrl_change = _rate(ctrl_out, t2, t3) / _rate(ctrl_out, t0, t1)
-            ratios.append(agent_change / ctrl_change)
-        finally:
-            stop(a)
-            stop(b)
-    # geometric mean: with roles alternating, a drift between the two processes cancels out
+            with_agent = window()
+            with connect(a.pid) as session:
+                session.detach()
+            after = window()
+            ratios.append(with_agent / ((before + after) / 2))
+            before = after
+    finally:
+        stop(a)
+        stop(c)
     return {"throughput_ratio_idle_agent_over_none": round(statistics.geometric_mean(ratios), 4),
             "rounds": [round(x, 4) for x in ratios]}
 
@@ -276,7 +277,7 @@ def main() -> None:
     default = "/root/.pyenv/versions/3.11.7/bin/python3.11"
     parser.add_argument("--python", default=default if os.path.exists(default) else sys.executable)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--idle-seconds", type=float, default=3.0)
+    parser.add_argument("--idle-seconds", type=float, default=2.0)
     parser.add_argument("--idle-rounds", type=int, default=6)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

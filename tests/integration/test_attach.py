@@ -477,3 +477,47 @@ def test_shell_on_a_live_target_reads_commands_from_stdin(state_target) -> None:
         proc.stderr.strip().splitlines()[0]] and "unknown command 'stak'" in proc.stderr
     assert not os.path.exists(protocol.socket_path(t.pid, os.geteuid()))
     t.finish()
+
+
+WATCHED = r"""
+import os, time
+os.write(1, b"READY\n")
+def fp_step(i):
+    time.sleep(0.01)
+    return i
+i = 0
+while True:
+    fp_step(i)
+    i += 1
+"""
+
+
+@pytest.mark.skipif(not (Path(protocol.__file__).parent / "commands" / "watch.py").exists(),
+                    reason="the watch command is not in this tree")
+def test_ctrl_c_during_a_stream_removes_every_hook(spawn_target) -> None:
+    import signal
+
+    t = spawn_target(WATCHED, python=PYTHONS.get("3.12") or next(iter(PYTHONS.values())))
+    # GIVEN a CLI streaming an unbounded watch (a real terminal's Ctrl-C is a SIGINT)
+    cli = subprocess.Popen([*CLI, str(t.pid), "--cmd", "watch __main__ fp_step", "--json"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert cli.stdout is not None
+        first = cli.stdout.readline()
+        assert json.loads(first)["event"], first
+        with connect(t.pid) as session:
+            assert len(session.request("status")["active_hooks"]) == 1
+        # WHEN Ctrl-C
+        cli.send_signal(signal.SIGINT)
+        out, err = cli.communicate(timeout=30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    # THEN exit 130, the final result still printed, and no hook left in the target
+    assert cli.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert "target" in json.loads(out.strip().splitlines()[-1])
+    with connect(t.pid) as session:
+        assert session.request("status")["active_hooks"] == []
+        session.detach()
+    assert t.stderr == ""

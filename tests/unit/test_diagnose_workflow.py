@@ -161,7 +161,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "--profile-memory --with-stack --timeout 7",
         f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7",
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
-        "trace __main__ train_step -n 4 -i 0.01 -d 4 --timeout 7",
+        "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
         f"torch tensors -f {out}/census-after.json --diff {out}/census-before.json",
         f"torch memory -s -f {out}/snapshot-after.pickle",
     ]

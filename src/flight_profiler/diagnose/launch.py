@@ -32,6 +32,7 @@ class Workload:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: str
+    python: str = sys.executable
     target: MethodTarget | None = None
 
     @property
@@ -57,12 +58,17 @@ class Workload:
                 self.target = MethodTarget.parse(m.group(2).split())
                 return self.target
             if self.popen.poll() is not None:
-                tail = "\n".join(self.output().strip().splitlines()[-5:])
-                hint = ("the demo runs the workload with this Python "
-                        f"({sys.executable}); install torch in it (pip install torch)"
-                        if "No module named 'torch'" in tail else f"see {self.log_path}")
+                lines = self.output().strip().splitlines()
+                last = lines[-1] if lines else "no output"
+                if "No module named 'torch'" in last:
+                    raise WorkloadFailed(
+                        f"workload {self.name} cannot start: torch is not installed for "
+                        f"{self.python}",
+                        f"install PyTorch in that environment (`{self.python} -m pip install "
+                        "torch`, the CPU build is enough), then retry")
                 raise WorkloadFailed(f"workload {self.name} exited with code "
-                                     f"{self.popen.returncode} before it was ready: {tail}", hint)
+                                     f"{self.popen.returncode} before it was ready: {last}",
+                                     f"its full output is in {self.log_path}")
             time.sleep(0.05)
         raise WorkloadFailed(f"workload {self.name} was not ready within {timeout:g}s",
                              f"see {self.log_path}")
@@ -84,10 +90,11 @@ def start_workload(name: str, log_path: str, args: list[str] | None = None,
         raise UsageError(f"no workload named {name!r}", f"one of: {', '.join(WORKLOADS)}")
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    python = python or sys.executable
     with open(log_path, "wb") as log:
         popen = subprocess.Popen(
-            [python or sys.executable, "-m", f"flight_profiler.workloads.{name}", *(args or [])],
+            [python, "-m", f"flight_profiler.workloads.{name}", *(args or [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,
         )
-    return Workload(name, popen, log_path)
+    return Workload(name, popen, log_path, python)

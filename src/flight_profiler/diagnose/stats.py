@@ -130,7 +130,7 @@ def call_trees(payloads: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return roots
 
 
-# A callee taking at least this share of its caller's time, alone, is a pass-through wrapper
+# A callee taking at least this share of its caller's time is a pass-through wrapper
 # (Module.__call__ -> _call_impl -> forward): the chain is shown as one row.
 CHAIN_SHARE = 0.9
 
@@ -147,8 +147,10 @@ def _merge(nodes: list[dict[str, Any]], into: dict[str, dict[str, Any]]) -> None
 def _chain(name: str, slot: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Follow pass-through wrappers down to the callee that does the work."""
     names = [name]
-    while len(slot["children"]) == 1:
-        child_name, child = next(iter(slot["children"].items()))
+    while slot["children"]:
+        # Followed when one callee takes nearly all of the time (small siblings are then
+        # hidden: each is under 10% of this row).
+        child_name, child = max(slot["children"].items(), key=lambda kv: kv[1]["ms"])
         if slot["ms"] <= 0 or child["ms"] < CHAIN_SHARE * slot["ms"]:
             break
         names.append(child_name)
@@ -172,12 +174,14 @@ def where_time_goes(roots: list[dict[str, Any]], top: int = 12, depth: int = 3) 
 
     def emit(level: dict[str, dict[str, Any]], d: int) -> None:
         for name, slot in sorted(level.items(), key=lambda kv: -kv[1]["ms"]):
-            share = 100.0 * slot["ms"] / total if total > 0 else 0.0
-            if share < 1.0 or len(rows) >= top:
+            if total <= 0 or 100.0 * slot["ms"] / total < 1.0 or len(rows) >= top:
                 continue
+            # A chain's row names its head and the callee doing the work, with that callee's
+            # figures (e.g. `endless > __getitem__`: 80 calls of __getitem__).
             label, end = _chain(name, slot)
-            rows.append({"name": label, "depth": d, "calls": slot["calls"],
-                         "total_ms": round(slot["ms"], 4), "share_pct": round(share, 1)})
+            rows.append({"name": label, "depth": d, "calls": end["calls"],
+                         "total_ms": round(end["ms"], 4),
+                         "share_pct": round(100.0 * end["ms"] / total, 1)})
             if d < depth:
                 emit(end["children"], d + 1)
 

@@ -70,6 +70,15 @@ def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
         console.print(f"\ncost of {escape(o.target.label if o.target else '?')}: median "
                       f"{cost['median_ms']:.3f} ms, p90 {cost['p90_ms']:.3f} ms over "
                       f"{cost['calls']} calls ({escape(cost['verdict'])})", highlight=False)
+    trace = result.phase("trace")
+    where = (trace.data.get("where_time_goes") if trace is not None else None) or {}
+    if where.get("top"):
+        console.print(f"where the time goes in {escape(o.target.label if o.target else '?')} "
+                      f"(over {where['calls']} traced calls):", highlight=False)
+        for row in where["top"][:5]:
+            indent = "  " * row["depth"]
+            console.print(f"{indent}{row['share_pct']:5.1f}%  {escape(str(row['name']))}",
+                          highlight=False)
     console.print(f"\nreport and artefacts: {escape(o.out_dir)}", highlight=False)
     for fmt in ("md", "html", "json"):
         if fmt in result.outputs:

@@ -34,7 +34,10 @@ from flight_profiler.diagnose.model import (
 from flight_profiler.diagnose.progress import NullProgress, Progress
 from flight_profiler.errors import FlightProfilerError, TorchMissing
 
-TRACE_DEPTH = 4
+# Levels of the call tree the agent keeps (wrapper chains such as Module.__call__ ->
+# _call_impl -> forward eat several), and rows shown in the report once chains are collapsed.
+TRACE_DEPTH = 8
+WHERE_LEVELS = 3
 # The driver cancels a command this long after the limit the command itself was given.
 BACKSTOP_S = 15.0
 
@@ -271,7 +274,7 @@ def phase_trace(run: Run, phase: PhaseResult) -> None:
 def _summarise_trace(phase: PhaseResult, result: dict[str, Any]) -> None:
     events = phase.data.pop("events", [])
     roots = stats.call_trees(events) or stats.call_trees([result])
-    phase.data["where_time_goes"] = stats.where_time_goes(roots, depth=TRACE_DEPTH)
+    phase.data["where_time_goes"] = stats.where_time_goes(roots, depth=WHERE_LEVELS)
     calls = len(roots)
     if calls == 0:
         raise Skip("no traced call arrived within the time limit")
