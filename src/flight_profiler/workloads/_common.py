@@ -90,6 +90,41 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     return parser.parse_args(argv)
 
 
+def memory_in_use(device: torch.device) -> int:
+    """Bytes the leak lives in: CUDA allocated memory on a GPU, the process' RSS on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class LeakGuard:
+    """Safety for the leaking demos: once memory has grown ``cap_mb`` past where it started,
+    the leak is cleared (with a line on stdout) so that a forgotten workload never exhausts the
+    machine. Measured, not estimated: a retained autograd graph holds more than its tensors."""
+
+    def __init__(self, device: torch.device, cap_mb: int, every: int = 50) -> None:
+        self.device = device
+        self.cap = cap_mb * 2**20
+        self.every = every
+        self.calls = 0
+        self.start = memory_in_use(device)
+
+    def check(self, clear: Callable[[], None], what: str) -> None:
+        self.calls += 1
+        if self.calls % self.every:
+            return
+        if memory_in_use(self.device) - self.start > self.cap:
+            clear()
+            print(f"leak cap of {self.cap >> 20} MB reached: cleared {what} (demo safety)",
+                  flush=True)
+
+
 class _Stop(Exception):
     pass
 

@@ -14,8 +14,8 @@ The tensors are detached (no autograd graph), so this is a plain leak, not graph
 live memory and the count of live tensors held by one dict grow linearly with steps.
 Target: ``__main__ train_step`` (the module runs as the main script).
 
-Safety for a demo that runs forever: past ``LEAK_CAP_MB`` cached megabytes the dict is cleared
-(with a line on stdout).
+Safety for a demo that runs forever: once the process has grown ``LEAK_CAP_MB`` (measured: RSS,
+or CUDA allocated memory) the dict is cleared (with a line on stdout).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from flight_profiler.workloads._common import (
     MLP,
+    LeakGuard,
     batch_size,
     parse_args,
     pick_device,
@@ -41,13 +42,15 @@ _step = 0
 _model: MLP | None = None
 _optimizer: torch.optim.Optimizer | None = None
 _batch: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
+_guard: LeakGuard | None = None
 
 
 def setup(device: torch.device) -> None:
-    global _model, _optimizer, _batch
+    global _model, _optimizer, _batch, _guard
     _model = MLP(n_out=N_CLASSES).to(device)
     _optimizer = torch.optim.SGD(_model.parameters(), lr=0.01)
     _batch = synthetic_batch(batch_size(device), n_out=N_CLASSES, device=device)
+    _guard = LeakGuard(device, LEAK_CAP_MB)
 
 
 def train_step() -> float:
@@ -61,9 +64,8 @@ def train_step() -> float:
     _optimizer.step()
     _step += 1
     _output_cache[_step] = logits[:SAMPLE].detach().clone()  # PLANTED: a cache whose key never repeats
-    if len(_output_cache) * SAMPLE * N_CLASSES * 4 > LEAK_CAP_MB * 2**20:
-        print(f"leak cap of {LEAK_CAP_MB} MB reached: clearing the cache (demo safety)", flush=True)
-        _output_cache.clear()
+    if _guard is not None:
+        _guard.check(_output_cache.clear, "the cache")
     return 0.0
 
 
