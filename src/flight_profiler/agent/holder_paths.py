@@ -30,7 +30,10 @@ _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, 
                types.CodeType, types.FrameType, types.TracebackType, types.GeneratorType)
 _HEAPTYPE = 1 << 9
 _tracked = gc.is_tracked
-_OURS = ("_flight_profiler_agent", "flight_profiler")  # the agent's own modules and threads
+# The agent's own modules and threads (loaded privately, or in-process as flight_profiler.agent);
+# the rest of a flight_profiler package the target may import (e.g. its bundled workloads) is
+# user code like any other.
+_OURS = ("_flight_profiler_agent", "flight_profiler.agent")
 _CO_OPTIMIZED = 0x0001
 _IDLIKE = re.compile(r"^(?:\d+|[0-9a-fA-F]{8,}|[0-9a-fA-F-]{32,36}|0x[0-9a-fA-F]+)$")
 

@@ -36,6 +36,11 @@ class Thresholds:
     # launch-overhead (CPU-only): tiny operators where dispatch dominates.
     tiny_op_us: float = 10.0
     tiny_op_share_pct: float = 50.0
+    # ... and their self time is a large share of the window, or of all operator self time. The
+    # second measure survives profiler overhead and CPU contention, which inflate the window.
+    tiny_op_window_pct: float = 10.0
+    tiny_op_self_share_pct: float = 40.0
+    tiny_op_window_floor_pct: float = 5.0  # below this share of the window, never a finding
     min_ops: int = 500
     # hot-operators: rows in the table.
     hot_rows: int = 10

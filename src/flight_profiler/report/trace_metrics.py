@@ -244,6 +244,7 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
             "calls": calls, "distinct": len(ops), "self_total_us": round(self_total, 3),
             "tiny_calls": tiny_calls, "tiny_calls_pct": _pct(tiny_calls, calls),
             "tiny_self_us": round(tiny_self, 3), "tiny_self_pct_of_window": _pct(tiny_self, window),
+            "tiny_self_pct_of_ops": _pct(tiny_self, self_total),
             "per_step": round(calls / len(steps), 1) if steps else None,
             "tiny_callers": attribute(index, tiny_samples, longest=False),
         }

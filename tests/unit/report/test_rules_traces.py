@@ -140,3 +140,30 @@ def test_hot_operators_table_is_info() -> None:
     ops = f.metrics["top_operators"]
     assert ops[0]["name"] in ("aten::mm", "aten::addmm")
     assert all(a["self_us"] >= b["self_us"] for a, b in zip(ops, ops[1:]))
+
+
+def test_launch_overhead_cpu_fires_on_share_of_operator_time_when_the_window_is_inflated() -> None:
+    # GIVEN operator figures where tiny ops are 8 % of a (contention-inflated) window but 70 % of
+    # all operator self time, WHEN the rule runs, THEN it fires; with 2 % of the window it stays
+    # silent (a DataLoader-bound step whose few ops happen to be tiny).
+    from flight_profiler.report.rules import launch_overhead
+
+    class _Trace:
+        path = "t.json"
+        name = "t.json"
+        kind = "trace"
+        rank = None
+
+        def __init__(self, window_pct: float) -> None:
+            self.data = {"has_gpu": False, "window_kind": "step", "top_operators": [],
+                         "operators": {"calls": 5000, "distinct": 3, "tiny_calls": 4900,
+                                       "tiny_calls_pct": 98.0, "tiny_self_us": 1000.0,
+                                       "tiny_self_pct_of_window": window_pct,
+                                       "tiny_self_pct_of_ops": 70.0, "tiny_callers": []}}
+
+    class _Ctx:
+        def __init__(self, window_pct: float) -> None:
+            self.traces = [_Trace(window_pct)]
+
+    assert [f.rule for f in launch_overhead.check(_Ctx(8.0))] == ["launch-overhead"]  # type: ignore[arg-type]
+    assert launch_overhead.check(_Ctx(2.0)) == []  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 GPU: >= 200 kernels, >= 50 % of them shorter than 10 us, and the GPU idle >= 15 % of the time
 or the CPU spending longer in cudaLaunchKernel than the GPU in kernels (launch-bound).
 CPU-only: >= 500 operator calls, >= 50 % of them under 10 us of self time, together >= 10 % of
-the step time.
+the step time, or >= 40 % of all operator self time and >= 5 % of the step time.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ def _callers(rows: list[dict[str, Any]], what: str) -> list[str]:
     """The Python lines issuing them (from a uniform sample of the occurrences)."""
     return [f"{r['where']} via {r['operator']}: {r['count']} {what} in the sample"
             for r in rows[:3] if not r["where"].startswith("(")]
-TINY_WINDOW_PCT = 10.0
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -65,14 +64,17 @@ def check(ctx: Context) -> list[Finding]:
         if d.get("has_gpu") or not ops:
             continue
         if (ops["calls"] >= T.min_ops and ops["tiny_calls_pct"] >= T.tiny_op_share_pct
-                and ops["tiny_self_pct_of_window"] >= TINY_WINDOW_PCT):
+                and (ops["tiny_self_pct_of_window"] >= T.tiny_op_window_pct
+                     or (ops.get("tiny_self_pct_of_ops", 0.0) >= T.tiny_op_self_share_pct
+                         and ops["tiny_self_pct_of_window"] >= T.tiny_op_window_floor_pct))):
             top = sorted(d.get("top_operators", []), key=lambda x: -x["calls"])[:3]
             out.append(Finding(
                 rule="launch-overhead", severity="warning",
                 title=f"{ops['calls']} operator calls, {fmt_pct(ops['tiny_calls_pct'])} of them tiny",
                 summary=(f"{label(tr)}: {ops['tiny_calls']} operator calls under {T.tiny_op_us:.0f} us of "
                          f"self time take {fmt_pct(ops['tiny_self_pct_of_window'])} of the "
-                         f"{d['window_kind']} time"
+                         f"{d['window_kind']} time and {fmt_pct(ops.get('tiny_self_pct_of_ops', 0.0))} "
+                         "of all operator self time"
                          + (f" ({ops['per_step']} calls per step)" if ops.get("per_step") else "") + "."),
                 evidence=[f"operator calls {ops['calls']}, distinct {ops['distinct']}",
                           f"tiny calls {ops['tiny_calls']} ({fmt_pct(ops['tiny_calls_pct'])}), self time "
@@ -82,7 +84,8 @@ def check(ctx: Context) -> list[Finding]:
                 fix=FIX[:2], inputs=[tr.path],
                 root_cause="Per-operator dispatch overhead dominates: each op does very little work.",
                 metrics={"calls": ops["calls"], "tiny_calls_pct": ops["tiny_calls_pct"],
-                         "tiny_self_pct_of_window": ops["tiny_self_pct_of_window"]},
+                         "tiny_self_pct_of_window": ops["tiny_self_pct_of_window"],
+                         "tiny_self_pct_of_ops": ops.get("tiny_self_pct_of_ops", 0.0)},
             ))
     return out
 
