@@ -94,10 +94,9 @@ def test_diagnose_names_the_planted_problem(tmp_path: Path, name: str) -> None:
     assert phases["watch"]["data"]["cost"]["calls"] >= 1
     assert phases["trace"]["data"]["where_time_goes"]["top"], phases["trace"]
     cuda = phases["status"]["data"]["cuda"]
-    if cuda:
-        assert phases["snapshot-before"]["status"] == phases["snapshot-after"]["status"] == "ok"
-    else:
-        assert "no CUDA" in phases["record"]["reason"]
+    # CUDA: the allocator's snapshots and history; CPU: the agent's CPU forms of both.
+    for name_ in ("snapshot-before", "snapshot-after", "record"):
+        assert phases[name_]["status"] == "ok", phases[name_]
     expected, _ = WORKLOADS[name]
     if name == "transfer_sync" and not cuda:
         expected = None  # nothing to transfer to or wait for on a CPU-only machine

@@ -112,6 +112,24 @@ def test_depth_limit_and_recursion(mod: types.ModuleType) -> None:
     level2 = level1["children"][0]
     assert level2["name"] == "Model.deep" and "children" not in level2
     assert level2["hidden"]["count"] == 1  # what lies deeper than -d is summarised
+    assert level2["hidden"].get("deeper") is True  # ... and said to be deeper, not faster (-i 0)
+
+
+def test_cli_says_deeper_not_faster_for_depth_cut_subtrees() -> None:
+    from rich.console import Console
+
+    from flight_profiler.cli.agent_commands import parse
+
+    req = parse("trace m f -d 1")
+    out = io.StringIO()
+    assert req.render_event is not None
+    tree = {"name": "m.f", "file": "/x/t.py", "line": 1, "count": 1, "ms": 14.0,
+            "children": [{"name": "g", "file": "/x/t.py", "line": 5, "count": 1, "ms": 13.9,
+                          "hidden": {"count": 1, "ms": 13.8, "deeper": True}}]}
+    req.render_event({"type": "trace", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 14.0,
+                      "params": "()", "exception": None, "tree": tree}, Console(file=out, width=120))
+    assert "└─ … 1 deeper call(s) hidden (13.80 ms total)" in out.getvalue()
+    assert "faster" not in out.getvalue()
 
 
 def test_filter_on_params_is_checked_before_profiling(mod: types.ModuleType) -> None:

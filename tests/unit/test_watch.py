@@ -330,3 +330,20 @@ def test_cli_builds_the_request_and_renders() -> None:
     assert "#1 MainThread  cost 1.50 ms" in text and "params = (1,)" in text
     assert "5 matching call(s) not shown" in text
     assert "watch ended (count reached)" in text and "5 dropped" in text
+
+
+def test_cli_short_help_and_unwrapped_summary_lines() -> None:
+    from rich.console import Console
+
+    from flight_profiler.cli.agent_commands import HelpShown, parse
+
+    for command in ("watch -h", "trace -h"):  # -h works as in the torch commands
+        with pytest.raises(HelpShown):
+            parse(command)
+    for command in ("watch m f -n 1", "trace m f"):
+        req = parse(command)
+        out = io.StringIO()
+        console = Console(file=out, width=40)  # piped output: rich assumes 80 columns
+        req.render_result({"reason": "count", "calls": 4, "matched": 3, "events": 3, "elapsed_s": 0.1}, console)
+        # one line per message, so that `| grep "hooks removed"` still finds it
+        assert out.getvalue().count("\n") == 1 and "hooks removed" in out.getvalue()

@@ -17,6 +17,7 @@ from .. import call_window, memory_snapshot
 from ..profiler_sessions import PerCall
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
+from ..safepoint import at_safe_point
 from ..torch_support import (
     check_writable,
     cuda_in_use,
@@ -37,7 +38,8 @@ def handle_memory(ctx: Context) -> dict[str, Any]:
     torch = get_torch()
     mode = str(ctx.arg("mode", "summary"))
     if mode == "summary":
-        return _summary(torch)
+        # Reads every live tensor: in the main thread, between bytecodes (see safepoint.py).
+        return at_safe_point(ctx, lambda: _summary(torch), "torch memory")
     if mode == "snapshot":
         return _snapshot(ctx, torch)
     if mode == "history":
@@ -119,7 +121,8 @@ def _snapshot(ctx: Context, torch: Any) -> dict[str, Any]:
     if cuda_in_use(torch):
         snap = memory_snapshot.cuda_snapshot(torch, label)
     else:
-        snap = memory_snapshot.cpu_snapshot(torch, label)
+        snap = at_safe_point(ctx, lambda: memory_snapshot.cpu_snapshot(torch, label),
+                             "CPU memory snapshot")
     size = write_pickle(path, snap)
     fp = snap["flight_profiler"]
     segments = snap.get("segments") or []

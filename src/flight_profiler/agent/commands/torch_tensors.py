@@ -13,6 +13,7 @@ from typing import Any
 from .. import census_diff, tensor_census
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
+from ..safepoint import at_safe_point
 from ..torch_support import check_writable, file_result, get_torch, output_path, write_json
 
 _BY = ("holder", "shape", "site")
@@ -26,13 +27,14 @@ def handle_tensors(ctx: Context) -> dict[str, Any]:
         raise CommandError(f"bad arguments: by={by!r}, top={top}", "by is one of holder, shape, site; top >= 1", ERR_USAGE)
     path = output_path(ctx.args, "census", "json")
     check_writable(path)
-    census = tensor_census.take(
+    # In the main thread, between bytecodes: see safepoint.py for the crash this avoids.
+    census = at_safe_point(ctx, lambda: tensor_census.take(
         torch,
         label=str(ctx.arg("label", "") or ""),
         seconds=float(ctx.arg("seconds", 5.0) or 5.0),
         max_objects=int(ctx.arg("max_objects", 20_000_000) or 20_000_000),
         walk_objects=int(ctx.arg("walk_objects", 2_000_000) or 2_000_000),
-    )
+    ), "tensor census")
     # The file holds exactly the flight_profiler.census v1 keys (the report's loader is strict).
     walked = census.pop("walked_objects", None)
     size = write_json(path, census)

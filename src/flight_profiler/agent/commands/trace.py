@@ -167,6 +167,9 @@ def build_tree(
             node["children"] = kids
         if hc:
             node["hidden"] = {"count": hc, "ms": hn / 1e6}
+            if max_depth and depth + 1 > max_depth:
+                # cut by -d, not by -i: the renderer must not call them "faster"
+                node["hidden"]["deeper"] = True
         shown.append(node)
     return shown, hidden_calls, hidden_ns
 

@@ -154,6 +154,10 @@ def load_census(path: str) -> dict[str, Any]:
             doc = json.load(f)
     except OSError as exc:
         raise BadInputFile(f"cannot read {full}: {exc.strerror}", "pass a census written by `torch tensors`") from None
+    except UnicodeDecodeError:
+        # a pickle or a gzip given by mistake: the codec's byte offsets say nothing to the user
+        raise BadInputFile(f"{full} is a binary file, not a census (census files are JSON)",
+                           "pass a census written by `torch tensors`") from None
     except ValueError as exc:
         raise BadInputFile(f"{full} is not JSON: {exc}", "pass a census written by `torch tensors`") from None
     if not isinstance(doc, dict) or doc.get("format") != "flight_profiler.census":

@@ -48,7 +48,8 @@ def tree_lines(node: dict[str, Any], prefix: str = "") -> list[str]:
         last = i == len(entries) - 1
         branch = "└─ " if last else "├─ "
         if child is hidden:
-            lines.append(f"{prefix}{branch}[dim]… {child['count']:,} faster call(s) hidden "
+            why = "deeper" if child.get("deeper") else "faster"
+            lines.append(f"{prefix}{branch}[dim]… {child['count']:,} {why} call(s) hidden "
                          f"({fmt_ms(child['ms'])} total)[/dim]")
             continue
         count = f" ×{child['count']:,}" if child.get("count", 1) > 1 else ""
@@ -78,7 +79,7 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
             if data.get("c_calls"):
                 extra.append("with C calls")
             console.print(f"tracing [bold]{escape(data.get('target', '?'))}[/bold] "
-                          f"({escape(', '.join(extra))}) · Ctrl-C to stop", highlight=False)
+                          f"({escape(', '.join(extra))}) · Ctrl-C to stop", highlight=False, soft_wrap=True)
             spinner.start(console, "waiting for a call")
             return
         spinner.pause()
@@ -100,12 +101,12 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
 
     def render_result(data: dict[str, Any], console: Console) -> None:
         spinner.stop()
-        console.print(summary(data, "trace"), highlight=False)
+        console.print(summary(data, "trace"), highlight=False, soft_wrap=True)
 
     return render_event, render_result
 
 
-@click.command(name="trace")
+@click.command(name="trace", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("words", nargs=-1, required=True, metavar="MODULE [CLASS] METHOD")
 @click.option("-i", "--min-ms", type=click.FloatRange(0), default=0.1, show_default=True,
               help="Hide subtrees faster than this many ms (summarised as one line with a count).")

@@ -97,7 +97,7 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
         if kind == "watching":
             note = f" [dim]({escape(data['note'])})[/dim]" if data.get("note") else ""
             console.print(f"watching [bold]{escape(data.get('target', '?'))}[/bold]"
-                          f"{escape(_limits(data))}{note} · Ctrl-C to stop", highlight=False)
+                          f"{escape(_limits(data))}{note} · Ctrl-C to stop", highlight=False, soft_wrap=True)
             spinner.start(console, "waiting for calls")
             return
         spinner.pause()
@@ -123,7 +123,7 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
 
     def render_result(data: dict[str, Any], console: Console) -> None:
         spinner.stop()
-        console.print(summary(data, "watch"), highlight=False)
+        console.print(summary(data, "watch"), highlight=False, soft_wrap=True)
 
     return render_event, render_result
 
@@ -147,7 +147,7 @@ def summary(data: dict[str, Any], what: str) -> str:
     return text + "; hooks removed"
 
 
-@click.command(name="watch")
+@click.command(name="watch", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("words", nargs=-1, required=True, metavar="MODULE [CLASS] METHOD")
 @click.option("--expr", "expr", metavar="EXPRS",
               help=f"Comma list of what to show, over {EXPR_NAMES}, or any Python expression of "
