@@ -79,6 +79,19 @@ def test_retained_graphs_are_measured(work, tmp_path):
     assert doc["totals"]["graph_bytes"] >= h["graph_bytes"]
 
 
+def test_a_census_does_not_inflate_the_next_one(work, tmp_path):
+    # GIVEN retained graphs whose saved tensors the census must read to measure them
+    for i in range(10):
+        work.evaluate(i)
+    _, first = census(tmp_path, "a.json")
+    # WHEN nothing changes in the program and a second census is taken
+    _, second = census(tmp_path, "b.json")
+    # THEN the tensor objects the first graph walk made are not counted as new tensors
+    assert second["totals"]["count"] == first["totals"]["count"]
+    assert second["totals"]["bytes"] == first["totals"]["bytes"]
+    assert second["totals"]["graph_bytes"] == first["totals"]["graph_bytes"]
+
+
 def test_views_share_storage_bytes(tmp_path):
     base = torch.zeros(1000)
     views = [base[i : i + 10] for i in range(50)]

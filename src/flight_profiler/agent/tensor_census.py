@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any
 
 from . import holder_paths
@@ -84,6 +85,23 @@ def _scan(torch: Any, budget: Budget, skipped: list[str]) -> tuple[list[Any], in
     return tensors, unscanned
 
 
+# Reading a graph's saved tensor (``node._saved_self``) makes a Python tensor object that PyTorch
+# then keeps alive with the graph: the next census would count thousands of "new" tensors that
+# the census itself created. Weak references to them (never keeping anything alive) let later
+# censuses leave them out.
+_MADE_BY_GRAPH_WALK: dict[int, weakref.ref[Any]] = {}
+
+
+def _made_by_us(t: Any) -> bool:
+    ref = _MADE_BY_GRAPH_WALK.get(id(t))
+    return ref is not None and ref() is t
+
+
+def _forget_dead_refs() -> None:
+    for key in [k for k, r in _MADE_BY_GRAPH_WALK.items() if r() is None]:
+        del _MADE_BY_GRAPH_WALK[key]
+
+
 class _Graphs:
     """Saved tensors reachable from grad_fn nodes, charged to the first root that reaches them."""
 
@@ -95,6 +113,7 @@ class _Graphs:
         self.saved_names: dict[type, tuple[str, ...]] = {}
         self.budget = budget
         self.truncated = False
+        self.existing: set[int] = set()  # ids of the tensor objects that existed before the walk
 
     def _names(self, node: Any) -> tuple[str, ...]:
         t = type(node)
@@ -128,6 +147,9 @@ class _Graphs:
         return total
 
     def _charge(self, t: Any) -> int:
+        if id(t) not in self.existing:
+            with contextlib.suppress(TypeError):
+                _MADE_BY_GRAPH_WALK[id(t)] = weakref.ref(t)
         try:
             info = _storage(self.torch, t)
         except Exception:
@@ -154,6 +176,13 @@ def take(torch: Any, label: str = "", seconds: float = 5.0, max_objects: int = 2
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tensors, unscanned = _scan(torch, budget, skipped)
+            _forget_dead_refs()
+            if _MADE_BY_GRAPH_WALK:
+                before = len(tensors)
+                tensors = [t for t in tensors if not _made_by_us(t)]
+                if before - len(tensors):
+                    skipped.append(f"{before - len(tensors)} tensor objects made by an earlier "
+                                   "census's graph walk left out (their memory is in graph_bytes)")
             try:
                 return _census(torch, tensors, unscanned, budget, skipped, label, started, max_depth)
             finally:
@@ -207,6 +236,7 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
     # Retained autograd graphs: saved tensors no holder explains, charged to the first root
     # (reached roots first) whose graph reaches them.
     graphs = _Graphs(torch, reached, budget)
+    graphs.existing = {id(t) for t in tensors}
     graph_of: dict[int, int] = {}
     for t in sorted(tensors, key=lambda t: paths.get(id(t)) is None):
         fn = getattr(t, "grad_fn", None)
@@ -214,6 +244,7 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
             graph_of[id(t)] = graphs.bytes_from(fn)
         del fn
     graphs.seen_nodes.clear()
+    graphs.existing.clear()
     in_graphs = graphs.seen_storages
     if graphs.truncated:
         skipped.append(f"autograd graph walk stopped at {budget.graph_nodes} nodes or the deadline")
