@@ -39,7 +39,7 @@ def test_json_errors_go_to_stdout_as_one_document(capsys) -> None:
 
 
 @pytest.mark.parametrize("command", ["stak", "stack --frobnicate", "stack --limit 0", "",
-                                     'stack "open', "torch"])
+                                     'stack "open', "torch memroy"])
 def test_malformed_command_exits_2_before_attaching(capsys, command: str) -> None:
     # our own pid: a malformed command must be rejected before anything touches the target
     code, _out, err = run([str(os.getpid()), "--cmd", command], capsys)
@@ -151,8 +151,16 @@ def test_shell_detach_ends_the_session_and_eof_quits(monkeypatch, capsys) -> Non
     shell.run_shell(FakeSession())  # type: ignore[arg-type]  # returns instead of looping
 
 
+@pytest.mark.parametrize("command", ["help", "torch", "torch --help", "help torch memory"])
+def test_help_inside_cmd_prints_help_without_attaching(capsys, command: str) -> None:
+    code, out, _err = run([str(os.getpid()), "--cmd", command], capsys)
+    assert code == 0
+    assert "torch memory" in out and ("Usage:" in out or "ommands" in out)
+    assert not os.path.exists(f"/tmp/flight_profiler-{os.geteuid()}/agent-{os.getpid()}.sock")
+
+
 def test_help_for_unknown_topic() -> None:
-    from flight_profiler.cli.shell import help_text
+    from flight_profiler.cli.agent_commands import help_text
 
     with pytest.raises(FlightProfilerError, match="no command 'nope'"):
         help_text("nope")

@@ -72,8 +72,9 @@ class _Group(click.Group):
         "  flight_profiler 1234            (interactive shell; type `help`)\n\n"
         "  flight_profiler report trace.json.gz snap.pickle\n\n"
         "  flight_profiler diagnose 1234 train train_step --out diag/\n\n"
-        "Exit codes: docs/exit-codes.md (0 ok, 2 usage, 3 no such process, 4 permission, "
-        "5 not Python, 6/7 attach failed/timed out, 9 findings reached --fail-on)."
+        "Exit codes (docs/exit-codes.md): 0 ok, 1 command failed, 2 usage, 3 no such process, "
+        "4 permission, 5 not Python, 6/7 attach failed/timed out, 8 unreadable input file, "
+        "9 findings reached --fail-on, 10 agent lost, 11 target has no torch, 130 interrupted."
     ),
 )
 @click.version_option(__version__, prog_name="flight_profiler")

@@ -35,30 +35,9 @@ def _save_history(readline: object | None) -> None:
         readline.write_history_file(HISTORY)  # type: ignore[attr-defined]
 
 
-def help_text(topic: str | None = None) -> str:
-    """`help` lists the commands; `help CMD` shows that command's --help."""
-    from flight_profiler.cli.agent_commands import COMMANDS, SUMMARIES, load
-
-    if topic:
-        if topic not in COMMANDS:
-            raise FlightProfilerError(f"no command {topic!r}", "type `help` for the list")
-        import click
-
-        command = load(topic)
-        with click.Context(command, info_name=topic) as ctx:
-            return command.get_help(ctx)
-    width = max(len(name) for name in COMMANDS)
-    lines = ["Commands (`help CMD` or `CMD --help` for details):"]
-    for name in COMMANDS:
-        lines.append(f"  {name.ljust(width)}  {SUMMARIES.get(name, '')}")
-    lines.append(f"  {'help'.ljust(width)}  this list")
-    lines.append(f"  {'quit'.ljust(width)}  leave the shell (the agent stays until `detach`)")
-    return "\n".join(lines)
-
-
 def handle_line(session: Session, line: str, as_json: bool) -> bool:
     """Run one shell line. Returns False when the shell should end."""
-    from flight_profiler.cli.agent_commands import HelpShown, parse
+    from flight_profiler.cli.agent_commands import HelpShown, help_text, parse
     from flight_profiler.cli.attach_cmd import execute
 
     words = line.strip().split(None, 1)

@@ -54,7 +54,29 @@ def split_name(words: list[str]) -> tuple[str, list[str]]:
         return words[0], words[1:]
     typed = " ".join(words[:2]) if words else ""
     known = ", ".join(COMMANDS)
-    raise UsageError(f"unknown command {typed!r}", f"known commands: {known}; try `help`")
+    raise UsageError(f"unknown command {typed!r}", f"known commands: {known}")
+
+
+def help_text(topic: str | None = None) -> str:
+    """`help` lists the commands; `help CMD` shows that command's --help."""
+    if topic:
+        if topic == "torch":
+            names = [n for n in COMMANDS if n.startswith("torch ")]
+            width = max(len(n) for n in names)
+            return "\n".join(["torch commands (`help torch memory` etc. for details):"]
+                             + [f"  {n.ljust(width)}  {SUMMARIES.get(n, '')}" for n in names])
+        if topic not in COMMANDS:
+            raise UsageError(f"no command {topic!r}", "type `help` for the list")
+        command = load(topic)
+        with click.Context(command, info_name=topic) as ctx:
+            return command.get_help(ctx)
+    width = max(len(name) for name in COMMANDS)
+    lines = ["Commands (`help CMD` or `CMD --help` for details):"]
+    for name in COMMANDS:
+        lines.append(f"  {name.ljust(width)}  {SUMMARIES.get(name, '')}")
+    lines.append(f"  {'help'.ljust(width)}  this list")
+    lines.append(f"  {'quit'.ljust(width)}  leave the shell (the agent stays until `detach`)")
+    return "\n".join(lines)
 
 
 def parse(command_line: str) -> AgentRequest:
@@ -62,9 +84,15 @@ def parse(command_line: str) -> AgentRequest:
     try:
         words = shlex.split(command_line)
     except ValueError as exc:
-        raise UsageError(f"cannot parse command {command_line!r}: {exc}") from None
+        hint = "close the quote" if "quotation" in str(exc) else "check the quoting"
+        raise UsageError(f"cannot parse command {command_line!r}: {exc}", hint) from None
     if not words:
         raise UsageError("empty command", "try `stack` or `status`; `help` lists all commands")
+    # `help`, `help CMD`, `torch` and `torch --help` print help, as in the shell.
+    if words[0] in ("help", "?") or words == ["torch"] or words[:2] in (["torch", "--help"], ["torch", "-h"]):
+        topic = " ".join(words[1:]) if words[0] in ("help", "?") else "torch"
+        click.echo(help_text(topic or None))
+        raise HelpShown(0)
     name, rest = split_name(words)
     command = load(name)
     try:

@@ -66,13 +66,13 @@ def _render_detach(data: dict[str, Any], console: Console) -> None:
     console.print(f"detached: agent stopped, {removed} hook(s) removed")
 
 
-@click.command(name="status")
+@click.command(name="status", context_settings={"help_option_names": ["-h", "--help"]})
 def status() -> AgentRequest:
     """Agent, interpreter, torch/CUDA and active instrumentation."""
     return AgentRequest("status", {}, _render_status)
 
 
-@click.command(name="stack")
+@click.command(name="stack", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-a", "--all", "show_all", is_flag=True,
               help="Also show the agent's own threads.")
 @click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True,
@@ -82,7 +82,7 @@ def stack(show_all: bool, limit: int) -> AgentRequest:
     return AgentRequest("stack", {"all": show_all, "limit": limit}, _render_stack)
 
 
-@click.command(name="detach")
+@click.command(name="detach", context_settings={"help_option_names": ["-h", "--help"]})
 def detach() -> AgentRequest:
     """Remove all instrumentation and stop the agent (a later attach injects afresh)."""
     return AgentRequest("detach", {}, _render_detach)
