@@ -166,14 +166,18 @@ def load_census(path: str) -> dict[str, Any]:
 
 
 def render_tensors(data: dict[str, Any], console: Console) -> None:
-    from rich.table import Table
+    from rich.table import Column, Table
+
+    def holder_col() -> Column:
+        # The holder path is the answer: fold it onto more lines rather than cut it.
+        return Column("holder", overflow="fold", min_width=24)
 
     _file_line(data, console, "census")
     totals = data.get("totals") or {}
     console.print(f"{totals.get('count', 0)} live tensors, {_size(totals.get('bytes'))} "
                   f"(storages counted once); {totals.get('with_grad_fn', 0)} hold a grad_fn, their graphs "
-                  f"keep {_size(totals.get('graph_bytes'))} more alive; census took {data.get('elapsed_s')} s")
-    holders = Table("holder", "kind", "tensors", "bytes", "grad_fn", "graph bytes", title="who holds them")
+                  f"keep {_size(totals.get('graph_bytes'))} more alive; census took {float(data.get('elapsed_s') or 0):.2f} s")
+    holders = Table(holder_col(), "kind", "tensors", "bytes", "grad_fn", "graph bytes", title="who holds them")
     for h in data.get("holders") or []:
         holders.add_row(h["example"] if h["path"] == h["example"] else f"{h['path']}  (e.g. {h['example']})",
                         h["kind"], str(h["count"]), _size(h["bytes"]), str(h["with_grad_fn"]), _size(h["graph_bytes"]))
@@ -192,7 +196,7 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
                       f"graphs {_signed(t.get('graph_bytes_delta'))}")
         if not diff.get("same_process"):
             console.print("[yellow]the previous census is from another process[/yellow]")
-        grew = Table("holder", "tensors", "bytes", "graph bytes", title="what grew, by holder")
+        grew = Table(holder_col(), "tensors", "bytes", "graph bytes", title="what grew, by holder")
         for h in diff.get("holders") or []:
             grew.add_row(h["path"], f"{h['count_before']} -> {h['count_after']}", _signed(h["bytes_delta"]), _signed(h["graph_bytes_delta"]))
         console.print(grew)
