@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from flight_profiler.agent.safepoint import SafePointTimeout, run_in_main_thread
+from support import PYTHONS
 
 
 def test_runs_in_the_main_thread_while_it_executes_python() -> None:
@@ -92,3 +95,35 @@ def test_more_requests_than_the_pending_queue_holds_do_not_crash(n: int) -> None
         sum(range(1000))
     assert len(results) == n and results.count(1) >= 1
     assert set(results) <= {1, "full"}
+
+
+_EVERY_VERSION = r'''
+import importlib.util, sys, threading, time
+spec = importlib.util.spec_from_file_location("sp", sys.argv[1])
+sp = importlib.util.module_from_spec(spec); spec.loader.exec_module(sp)
+res = {}
+def ask():
+    res["main"] = sp.run_in_main_thread(
+        lambda: threading.current_thread() is threading.main_thread(), 5)
+w = threading.Thread(target=ask); w.start()
+while w.is_alive(): sum(range(1000))
+ran = []
+def ask2():
+    time.sleep(0.2)
+    try: sp.run_in_main_thread(lambda: ran.append(1), 0.3)
+    except sp.SafePointTimeout: res["timeout"] = True
+w = threading.Thread(target=ask2); w.start(); time.sleep(1.0); w.join()
+for _ in range(1000): sum(range(100))
+print(res.get("main"), res.get("timeout"), ran)
+'''
+
+
+@pytest.mark.parametrize("version", sorted(PYTHONS))
+def test_safe_point_on_every_interpreter(version: str) -> None:
+    # The agent runs in targets of every version: Py_AddPendingCall must reach the main
+    # thread there too, and an abandoned call must never run.
+    path = Path(__file__).resolve().parents[2] / "src/flight_profiler/agent/safepoint.py"
+    out = subprocess.run([PYTHONS[version], "-c", _EVERY_VERSION, str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "[]"]
