@@ -22,21 +22,12 @@ class MethodTarget:
 
     @classmethod
     def parse(cls, words: tuple[str, ...] | list[str]) -> MethodTarget:
-        from flight_profiler.errors import UsageError
+        from flight_profiler.method_spec import split_method_words
 
-        words = list(words)
-        if len(words) == 2:
-            module, method = words
-            klass: str | None = None
-            if "." in method:
-                klass, method = method.rsplit(".", 1)
-            return cls(module, klass, method)
-        if len(words) == 3:
-            return cls(words[0], words[1], words[2])
-        raise UsageError(
-            f"expected `module [class] method` after the pid, got {' '.join(words)!r}",
-            "e.g. `flight_profiler diagnose 1234 train train_step` or `... mypkg Trainer step`",
-        )
+        return cls(*split_method_words(
+            words, after=" after the pid",
+            hint="e.g. `flight_profiler diagnose 1234 train train_step` or `... mypkg Trainer step`",
+        ))
 
     @property
     def words(self) -> str:

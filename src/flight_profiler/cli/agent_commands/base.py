@@ -31,23 +31,10 @@ class AgentRequest:
 def target_args(words: tuple[str, ...] | list[str], nested: str | None = None) -> dict[str, Any]:
     """``module [class] method`` as typed -> the ``target`` argument every hooking command sends.
 
-    Accepted: ``mod func``, ``mod Class meth``, ``mod Class.meth`` and ``mod.sub:Class.meth``-free
-    dotted forms are split on the LAST word only; ``nested`` (``-nm``) names a function defined
-    inside ``method``.
+    Accepted: ``mod func``, ``mod Class meth`` and ``mod Class.meth``; ``nested`` (``-nm``) names a
+    function defined inside ``method``.
     """
-    from flight_profiler.errors import UsageError
+    from flight_profiler.method_spec import split_method_words
 
-    words = list(words)
-    if len(words) == 2:
-        module, method = words
-        cls: str | None = None
-        if "." in method:
-            cls, method = method.rsplit(".", 1)
-    elif len(words) == 3:
-        module, cls, method = words
-    else:
-        raise UsageError(
-            f"expected `module [class] method`, got {' '.join(words) or 'nothing'}",
-            "e.g. `__main__ train_step` or `mypkg.trainer Trainer step`",
-        )
+    module, cls, method = split_method_words(words)
     return {"module": module, "class": cls, "method": method, "nested": nested}
