@@ -163,7 +163,7 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
 
 @contextlib.contextmanager
 def _attach_lock(target: Any, deadline: float) -> Iterator[None]:
-    """One injection at a time per target (two gdbs cannot both ptrace it)."""
+    """One injection at a time per target (two tracers cannot both ptrace it)."""
     from flight_profiler.attach import staging
 
     directory = staging.private_dir(target.uid, target.root)
@@ -253,7 +253,7 @@ def _bootstrap_failure(target: Any, offset: int) -> str | None:
 
 
 def _explain_timeout(pid: int, injection: Any) -> str:
-    """Say why the agent did not come up, as precisely as gdb's observations allow."""
+    """Say why the agent did not come up, as precisely as the injector's observations allow."""
     base = f"the agent did not come up in process {pid} in time"
     outcome = getattr(injection, "evidence", None)
     if outcome is None:
@@ -262,7 +262,7 @@ def _explain_timeout(pid: int, injection: Any) -> str:
     if outcome.helper_error and outcome.method == "pending":
         return (f"{base}: {outcome.helper_error}, and the pending call queued instead was not "
                 f"run (main thread {state})")
-    if outcome.method == "helper":
+    if outcome.method == "thread":
         return (f"{base}: its thread is waiting for the GIL, which another thread holds "
                 f"(a long C call?); main thread {state}")
     if outcome.syscall is not None and outcome.syscall < 0 and outcome.holds_gil is False:
@@ -272,6 +272,6 @@ def _explain_timeout(pid: int, injection: Any) -> str:
         return (f"{base}: the main thread is blocked in system call {outcome.syscall} while "
                 "holding the GIL")
     if outcome.syscall is not None and outcome.syscall >= 0:
-        return (f"{base}: the main thread sleeps in system call {outcome.syscall} and no helper "
-                "library could be used, so the agent waits for Python code to run")
+        return (f"{base}: the main thread sleeps in system call {outcome.syscall} and no native "
+                "thread could be started, so the agent waits for Python code to run")
     return f"{base}: a pending call was queued but no thread ran Python code (main thread {state})"
