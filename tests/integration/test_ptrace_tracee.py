@@ -8,6 +8,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +35,7 @@ while True:
 
 
 def _libc_funcs(pid: int, names: list[str]) -> dict[str, int]:
-    maps = elf_symbols.parse_maps(open(f"/proc/{pid}/maps").read())
+    maps = elf_symbols.parse_maps(Path(f"/proc/{pid}/maps").read_text())
     return elf_symbols.resolve(pid, elf_symbols.find_libc(elf_symbols.loaded_objects(maps)),
                                names)
 

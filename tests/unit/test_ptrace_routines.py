@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_resolved_addresses_match_the_dynamic_linker_in_a_live_process() -> None
 
 def test_ifunc_resolvers_are_never_returned_as_functions() -> None:
     # memcpy is a GNU indirect function in glibc: its symbol is the resolver, not memcpy
-    maps = elf_symbols.parse_maps(open(f"/proc/{os.getpid()}/maps").read())
+    maps = elf_symbols.parse_maps(Path("/proc/self/maps").read_text())
     libc = elf_symbols.find_libc(elf_symbols.loaded_objects(maps))
     found = elf_symbols.resolve(os.getpid(), libc, ["memcpy", "getpid"])
     assert "memcpy" not in found
@@ -130,7 +131,7 @@ def test_pending_routine_runs_in_the_main_thread_and_returns_success() -> None:
     # the pending call runs at the next eval-breaker check of this (main) thread; a failure
     # return would raise SystemError here
     assert _wait(lambda: mod.PENDING_RAN is not None)  # type: ignore[attr-defined]
-    assert mod.PENDING_RAN == threading.main_thread().ident  # type: ignore[attr-defined]
+    assert threading.main_thread().ident == mod.PENDING_RAN  # type: ignore[attr-defined]
     assert _wait(lambda: not region.mapped())
 
 

@@ -152,9 +152,9 @@ def _scan(symbols: bytes, strtab: bytes, versym: bytes, names: set[bytes],
         return
     for i, (st_name, st_info, _other, st_shndx, st_value, _size) in enumerate(
             struct.iter_unpack("<IBBHQQ", symbols)):
-        name = wanted.get(st_name)
-        if name is None or st_shndx == 0 or st_value == 0:
+        if st_name not in wanted or st_shndx == 0 or st_value == 0:
             continue
+        name = wanted[st_name]
         hidden = bool(versym) and len(versym) >= 2 * i + 2 and bool(
             struct.unpack_from("<H", versym, 2 * i)[0] & 0x8000)
         if name in found and (hidden or not found[name][2]):
@@ -172,11 +172,11 @@ def _load_bias(fd: int, base: int) -> int:
     for i in range(e_phnum):
         p_type, _flags, p_offset, p_vaddr = struct.unpack_from("<IIQQ", table, i * 56)
         if p_type == PT_LOAD and p_offset == 0:
-            return base - (p_vaddr & ~0xFFF)
+            return int(base - (p_vaddr & ~0xFFF))
     for i in range(e_phnum):  # first PT_LOAD, whatever its offset
         p_type, _flags, p_offset, p_vaddr = struct.unpack_from("<IIQQ", table, i * 56)
         if p_type == PT_LOAD:
-            return base - ((p_vaddr - p_offset) & ~0xFFF)
+            return int(base - ((p_vaddr - p_offset) & ~0xFFF))
     raise SymbolError("no loadable segment")
 
 
