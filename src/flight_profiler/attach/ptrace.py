@@ -129,6 +129,15 @@ def _ptrace(request: int, pid: int, addr: int | None, data: int | ctypes._CData 
     return rc
 
 
+def thread_state(pid: int, tid: int) -> str:
+    """The kernel's one-letter state of a thread ("R", "S", "D", ...), "?" if unreadable."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
 def _tgkill(pid: int, tid: int, sig: int) -> None:
     """Send ``sig`` to one thread, as the kernel would have had we not held it back."""
     _lib().syscall(234, pid, tid, sig)  # SYS_tgkill on x86-64
@@ -183,6 +192,11 @@ class Tracee:
         self.detach()
 
     def attach(self) -> None:
+        if thread_state(self.pid, self.tid) == "D":
+            # An interrupt would only take effect when the I/O ends; the thread stays ours
+            # until then. Refuse instead of waiting an unknown time.
+            raise PtraceError("the main thread is in uninterruptible sleep (disk or network "
+                              "file system I/O)", errno.EBUSY)
         _ptrace(PTRACE_SEIZE, self.tid, 0, 0, f"PTRACE_SEIZE of {self.tid}")
         self._attached = True
         try:
@@ -195,15 +209,20 @@ class Tracee:
             raise
 
     def _wait_first_stop(self) -> None:
+        # A running thread cannot be detached and the interrupt stays pending: giving up early
+        # would leave the thread to stop later with nobody to resume it (until this process
+        # exits, when the kernel lets go). So wait long, and say so.
         deadline = time.monotonic() + self.stop_timeout
+        extended = False
         while True:
             status = self._wait(deadline, "to stop")
             if status is None:
-                # Still running (uninterruptible sleep?). The interrupt stays pending; the
-                # detach in our caller's cleanup cannot run on a running thread, so keep waiting:
-                # leaving a stop pending would freeze the target when it arrives later.
-                deadline = time.monotonic() + 30.0
+                if extended:
+                    raise PtraceError("the main thread did not stop within "
+                                      f"{self.stop_timeout + 60:.0f}s", errno.ETIMEDOUT)
                 self.log.append("thread did not stop in time; still waiting")
+                deadline = time.monotonic() + 60.0
+                extended = True
                 continue
             if (status >> 16) == PTRACE_EVENT_STOP:
                 return

@@ -250,4 +250,7 @@ def _attach_error(pid: int, exc: ptrace.PtraceError) -> Exception:
                                 f"detach that tracer first (see `ps -p {tracer}`)")
         return PermissionDenied(f"the kernel refused to let flight_profiler trace process {pid}",
                                 permission_hint(ptrace_scope(), in_container()))
+    if exc.errno == errno.EBUSY:
+        return AttachFailed(f"cannot attach to process {pid} now: {exc.what}",
+                            "retry when its I/O completes")
     return AttachFailed(f"ptrace could not attach to process {pid}: {exc}", "rerun with -v")

@@ -26,6 +26,25 @@ def _frames(frame: Any, limit: int) -> list[dict[str, Any]]:
     return out
 
 
+def _under_bootstrap(frame: Any) -> Any:
+    """The target's own frame under the bootstrap's, or None when the thread is all ours.
+
+    A pending call runs the bootstrap on top of whatever the interrupted thread was doing, so
+    while it is still starting the agent that thread's own stack lies below it; a native thread
+    the injector started has nothing below.
+    """
+    outer = None
+    f = frame
+    while f is not None:
+        if f.f_globals.get("__name__") == "_flight_profiler_bootstrap":
+            outer = f
+        f = f.f_back
+    if outer is None:
+        return frame
+    wrapper = outer.f_back  # the text PyRun_SimpleString ran
+    return wrapper.f_back if wrapper is not None else None
+
+
 def handle(ctx: Context) -> dict[str, Any]:
     show_agent = bool(ctx.arg("all", False))
     limit = int(ctx.arg("limit", _MAX_FRAMES))
@@ -41,7 +60,9 @@ def handle(ctx: Context) -> dict[str, Any]:
         for ident, frame in frames.items():
             thread = names.get(ident)
             name = thread.name if thread is not None else f"Thread-{ident}"
-            is_agent = ident == me or ident in booting or name.startswith(_AGENT_THREAD_PREFIX)
+            if ident in booting and not show_agent:
+                frame = _under_bootstrap(frame)
+            is_agent = ident == me or frame is None or name.startswith(_AGENT_THREAD_PREFIX)
             if is_agent and not show_agent:
                 hidden += 1
                 continue
