@@ -42,6 +42,7 @@ class TargetInfo:
     root: str  # "/proc/PID/root" when the target lives in another mount namespace, else "/"
     cmdline: list[str] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
+    pid_ns: int = 0  # inode of its pid namespace: with ns_pid, names its files (0: unknown)
 
     @property
     def version_str(self) -> str:
@@ -247,7 +248,7 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
                 environ[key.decode(errors="replace")] = value.decode(errors="replace")
     except OSError:
         pass
-    from flight_profiler.agent.protocol import process_start_time
+    from flight_profiler.agent.protocol import pid_namespace, process_start_time
 
     try:
         start_time = process_start_time(pid)
@@ -257,5 +258,5 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
         pid=pid, uid=status.uids[1], state=status.state, tracer_pid=status.tracer_pid,
         ns_pid=status.ns_pid or pid, start_time=start_time, exe=exe, version=version,
         libpython=libpython, root=target_root(pid), cmdline=[c for c in cmdline if c],
-        environ=environ,
+        environ=environ, pid_ns=pid_namespace(pid),
     )
