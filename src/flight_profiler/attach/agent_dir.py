@@ -103,7 +103,13 @@ class AgentDir:
 
     def open_file(self, name: str, flags: int, mode: int = 0o600) -> int:
         """Open a regular file inside, never following a link; refuse anything else."""
-        fd = os.open(name, flags | _FILE_FLAGS, mode, dir_fd=self.fd)
+        try:
+            fd = os.open(name, flags | _FILE_FLAGS, mode, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise _refuse(os.path.join(self.path, name),
+                              f"not a regular file ({exc.strerror})") from None
+            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

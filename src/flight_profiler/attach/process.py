@@ -57,6 +57,7 @@ class Status:
     ns_pid: int
     cap_eff: int
     tgid: int = 0
+    cap_prm: int = 0
 
 
 def parse_status(text: str) -> Status:
@@ -73,6 +74,7 @@ def parse_status(text: str) -> Status:
         ns_pid=int(ns[-1]) if ns else 0,
         cap_eff=int(fields.get("CapEff", "0"), 16),
         tgid=int(fields.get("Tgid", "0") or 0),
+        cap_prm=int(fields.get("CapPrm", "0"), 16),
     )
 
 
@@ -141,10 +143,25 @@ def check_ptrace_allowed(status: Status, caller_uid: int, caller_caps: int, pid:
         )
     if has_cap:
         return
+    lacking = status.cap_prm & ~caller_caps
+    if caller_uid == 0 and (lacking or any(uid != 0 for uid in status.uids[:3])):
+        # root in a container (or a sandbox) without CAP_SYS_PTRACE: the uid is not the cause
+        raise PermissionDenied(
+            f"you are root but without the CAP_SYS_PTRACE capability, which attaching to "
+            f"process {pid} needs" + (" (it holds capabilities you lack)" if lacking else ""),
+            "in Docker run the container with `--cap-add=SYS_PTRACE` (Kubernetes: "
+            "securityContext.capabilities.add: [SYS_PTRACE]), or run from the host as root",
+        )
     if any(uid != caller_uid for uid in status.uids[:3]):
         raise PermissionDenied(
             f"process {pid} belongs to uid {status.uids[1]}, you are uid {caller_uid}",
             f"run as that user or with sudo: `sudo flight_profiler {pid}`",
+        )
+    if lacking:
+        raise PermissionDenied(
+            f"process {pid} holds capabilities you lack (CapPrm {status.cap_prm:#x}); only a "
+            "caller with CAP_SYS_PTRACE may attach to it",
+            f"run with sudo: `sudo flight_profiler {pid}`",
         )
     if scope == 2:
         raise PermissionDenied(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from flight_profiler.agent import protocol
 from flight_profiler.attach.agent_dir import AgentDir
+from flight_profiler.errors import PermissionDenied
 
 _AGENT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -157,26 +158,52 @@ def stage(uid: int, ns_pid: int, root: str, helper: str | None,
             agent_dir.close()
 
 
+def _replaced(agent_dir: AgentDir, name: str) -> PermissionDenied:
+    return PermissionDenied(
+        f"{os.path.join(agent_dir.path, name)} was replaced while the agent was staged "
+        "(someone else writes in the target's private directory); nothing was staged",
+        f"retry; if it happens again, find who writes in {agent_dir.path}")
+
+
+def _open_new_dir(agent_dir: AgentDir, tmp: str) -> int:
+    """The directory we just made, or PermissionDenied if the name now leads elsewhere."""
+    try:
+        top_fd = os.open(tmp, _DIR_FLAGS, dir_fd=agent_dir.fd)
+    except OSError:  # ELOOP: a symlink took its place; ENOENT: renamed away
+        raise _replaced(agent_dir, tmp) from None
+    st = os.fstat(top_fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        os.close(top_fd)
+        raise _replaced(agent_dir, tmp)
+    return top_fd
+
+
 def _stage_new(agent_dir: AgentDir, name: str, files: list[str], helper: str | None,
                uid: int) -> None:
     tmp = f".staging-{secrets.token_hex(8)}"
     os.mkdir(tmp, 0o700, dir_fd=agent_dir.fd)
     try:
-        top_fd = os.open(tmp, _DIR_FLAGS, dir_fd=agent_dir.fd)
+        top_fd = _open_new_dir(agent_dir, tmp)
         try:
-            st = os.fstat(top_fd)
-            if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
-                # swapped between mkdir and open: not the directory we made
-                raise OSError(f"{tmp} was replaced while staging")
             _build(top_fd, files, helper, uid)
             _hand_over(top_fd, uid)  # last: until now no one else could enter it
+            try:
+                os.rename(tmp, name, src_dir_fd=agent_dir.fd, dst_dir_fd=agent_dir.fd)
+            except OSError:  # another CLI staged the same content meanwhile
+                if not _is_staged_dir(agent_dir, name, uid):
+                    raise
+                return
+            mine = os.fstat(top_fd)
+            try:
+                now = os.stat(name, dir_fd=agent_dir.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                # what we renamed into place was not our copy (ours was moved away meanwhile)
+                remove_tree(agent_dir, name)
+                raise _replaced(agent_dir, tmp)
         finally:
             os.close(top_fd)
-        try:
-            os.rename(tmp, name, src_dir_fd=agent_dir.fd, dst_dir_fd=agent_dir.fd)
-        except OSError:  # another CLI staged the same content meanwhile
-            if not _is_staged_dir(agent_dir, name, uid):
-                raise
     finally:
         remove_tree(agent_dir, tmp)
 
