@@ -18,5 +18,5 @@ class FiniteFloatRange(click.FloatRange):
                 ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+            self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
