@@ -88,17 +88,17 @@ def test_symlink_planted_at_the_attach_lock_creates_nothing(fake_root, victim) -
         as_user(f"import os; os.symlink({str(victim / 'nologin')!r}, "
                 f"{os.path.join(directory.path, lock)!r})")
         # WHEN root takes the attach lock THEN it refuses and creates nothing
-        with pytest.raises(PermissionDenied, match="not a regular file"):
-            with directory.lock(lock, time.monotonic() + 1, "process 4242"):
-                pass
+        with pytest.raises(PermissionDenied, match="not a regular file"), \
+                directory.lock(lock, time.monotonic() + 1, "process 4242"):
+            pass
         _untouched(victim)
         # a hard link to one of root's files is refused too (would be opened read-write)
         secret = fake_root / "secret"
         secret.write_text("root only")
         os.link(secret, os.path.join(directory.path, ".attach-1.lock"))
-        with pytest.raises(PermissionDenied, match="hard link"):
-            with directory.lock(".attach-1.lock", time.monotonic() + 1, "process 1"):
-                pass
+        with pytest.raises(PermissionDenied, match="hard link"), \
+                directory.lock(".attach-1.lock", time.monotonic() + 1, "process 1"):
+            pass
         assert secret.read_text() == "root only"
 
 
@@ -108,10 +108,10 @@ def test_attach_lock_excludes_and_leaves_no_file(fake_root) -> None:
         lock = protocol.lock_name(4242, 77)
         with directory.lock(lock, time.monotonic() + 1, "process 4242"):
             assert os.path.exists(os.path.join(directory.path, lock))
-            with AgentDir.open(USER, str(fake_root)) as other:  # a second CLI
-                with pytest.raises(AttachTimeout, match="another flight_profiler"):
-                    with other.lock(lock, time.monotonic() + 0.2, "process 4242"):
-                        pass
+            with AgentDir.open(USER, str(fake_root)) as other, \
+                    pytest.raises(AttachTimeout, match="another flight_profiler"), \
+                    other.lock(lock, time.monotonic() + 0.2, "process 4242"):  # a second CLI
+                pass
         assert not os.path.exists(os.path.join(directory.path, lock))
 
 
