@@ -252,3 +252,23 @@ def test_old_staged_copies_go_unless_an_agent_holds_them(tmp_path, monkeypatch) 
             assert "agent-0000000000000001" not in left
         finally:
             os.close(held)
+
+
+@needs_root
+def test_another_user_never_creates_or_enters_the_targets_directory(fake_root) -> None:
+    # GIVEN no directory yet for uid 0's target; WHEN uid 65534 opens it THEN it is refused
+    # without creating one (a directory of 65534's under root's name would lock root out)
+    code = ("from flight_profiler.attach.agent_dir import AgentDir\n"
+            "from flight_profiler.errors import PermissionDenied\n"
+            "try:\n"
+            f"    AgentDir.open(0, {str(fake_root)!r})\n"
+            "except PermissionDenied as exc:\n"
+            "    print('refused', exc.message)\n")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = as_user(f"import sys; sys.path.insert(0, {src!r})\n" + code)
+    assert done.stdout.startswith("refused") and "not yours" in done.stdout, done
+    assert not (fake_root / "tmp" / "flight_profiler-0").exists()
+    # and root's existing one (0700) is refused the same way
+    AgentDir.open(0, str(fake_root)).close()
+    done = as_user(f"import sys; sys.path.insert(0, {src!r})\n" + code)
+    assert done.stdout.startswith("refused"), done

@@ -56,24 +56,30 @@ class AgentDir:
                 raise _refuse(os.path.dirname(path), f"not a plain directory ({exc.strerror})") from None
         finally:
             os.close(root_fd)
+        me = os.geteuid()
         try:
             created = False
-            try:
-                os.mkdir(name, 0o700, dir_fd=tmp_fd)
-                created = True
-            except FileExistsError:
-                pass
+            if me in (0, uid):  # never squat another user's directory name
+                try:
+                    os.mkdir(name, 0o700, dir_fd=tmp_fd)
+                    created = True
+                except FileExistsError:
+                    pass
             try:
                 fd = os.open(name, _DIR_FLAGS, dir_fd=tmp_fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise _refuse(path, "not a directory (a symlink?)") from None
+                if exc.errno in (errno.EACCES, errno.ENOENT) and me not in (0, uid):
+                    raise PermissionDenied(
+                        f"the agent directory of uid {uid} is not yours (you are uid {me})",
+                        "run as the target's user or with sudo") from None
                 raise
         finally:
             os.close(tmp_fd)
         try:
             st = os.fstat(fd)
-            if created and st.st_uid == os.geteuid() and st.st_uid != uid and os.geteuid() == 0:
+            if created and st.st_uid == me and st.st_uid != uid and me == 0:
                 os.fchown(fd, uid, -1)
                 st = os.fstat(fd)
             if st.st_uid != uid:
