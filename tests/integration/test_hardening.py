@@ -248,3 +248,63 @@ def test_pid_namespace_twins_sharing_tmp_each_get_their_own_agent(tmp_path) -> N
             os.kill(pid, 9)
         for outer in outers:
             outer.wait(10)
+
+
+HOT = """
+import os, threading, time
+os.write(1, b"READY\\n")
+def fp_hot(x):
+    return x * 2
+def worker():
+    x = 0
+    while True:
+        x = fp_hot(x) % 1000
+threading.Thread(target=worker, name="trainer", daemon=True).start()
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _agent_threads(session) -> list[str]:
+    threads = session.run("stack --all")["threads"]
+    return sorted(t["name"] for t in threads if t["name"].startswith("flight_profiler-"))
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.slow
+def test_flooding_watches_leave_no_thread_and_no_memory_behind(spawn_target) -> None:
+    # GIVEN a hot method called in a tight loop by a worker thread
+    t = spawn_target(HOT, python=PYTHON)
+    watch = parse("watch __main__ fp_hot --timeout 1")
+    with connect(t.pid, timeout=30) as session:
+        session.request("status")
+        # one watch read to the end, so that every lazily imported module is in
+        session.request(watch.cmd, watch.args)
+        before_threads = _agent_threads(session)
+    before_rss = _rss_kb(t.pid)
+    # WHEN three watches flood clients that read nothing, stay connected past the agent's
+    # flush timeouts (5 s to queue the end, 5 s to send it), then go away
+    sessions = [connect(t.pid, timeout=30) for _ in range(3)]
+    try:
+        for session in sessions:
+            session._client().start(watch.cmd, watch.args)
+        time.sleep(12.0)
+    finally:
+        for session in sessions:
+            session.close()
+    # THEN the agent's threads come back to what they were, and memory does not pile up
+    with connect(t.pid, timeout=30) as session:
+        deadline = time.monotonic() + 20
+        while _agent_threads(session) != before_threads:
+            assert time.monotonic() < deadline, (before_threads, _agent_threads(session))
+            time.sleep(0.2)
+        grown_mb = (_rss_kb(t.pid) - before_rss) / 1024
+        assert grown_mb < 64, f"target grew {grown_mb:.0f} MB after 3 flooding watches"
+        assert session.request("status")["active_hooks"] == []
+        session.detach()
