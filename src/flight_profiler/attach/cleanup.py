@@ -3,7 +3,8 @@
 Files are named ``agent-<pidns>-<pid>.sock|.log`` and ``.attach-<pidns>-<pid>.lock`` (older
 versions: ``<pid>`` alone). A process of our own pid namespace is dead when /proc has no such
 pid; for another namespace /proc cannot tell, so its socket is probed: a refused connection means
-no agent listens, and the socket, log and lock go. Staged agent copies that no running agent
+no agent listens, and the socket, log and lock go (names of older versions, without the
+namespace, go when both /proc and the socket say so). Staged agent copies that no running agent
 holds are removed by staging itself. Everything goes through the directory's descriptor.
 """
 
@@ -34,28 +35,33 @@ def _key_of(name: str) -> str | None:
 
 def _dead(key: str, directory: AgentDir, own_ns: int) -> bool:
     ns_text, _, pid_text = key.rpartition("-")
-    ns = int(ns_text) if ns_text else own_ns
-    if ns == own_ns and ns != 0:
-        return not os.path.exists(f"/proc/{int(pid_text)}")
-    return _socket_refused(directory, f"agent-{key}.sock")
+    gone_here = not os.path.exists(f"/proc/{int(pid_text)}")
+    if ns_text and int(ns_text) == own_ns:
+        return gone_here
+    if not ns_text:
+        # an older version's name, without the namespace: the pid may be another namespace's,
+        # so also ask its socket (a live agent there still accepts)
+        return gone_here and _probe(directory, f"agent-{key}.sock") in ("absent", "refused")
+    return _probe(directory, f"agent-{key}.sock") == "refused"
 
 
-def _socket_refused(directory: AgentDir, name: str) -> bool:
+def _probe(directory: AgentDir, name: str) -> str:
+    """"absent", "refused" (no agent listens), "accepting", or "other" (not a socket)."""
     try:
         st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
     except FileNotFoundError:
-        return False  # nothing to probe: keep its log (the agent may be binding right now)
+        return "absent"
     if not stat.S_ISSOCK(st.st_mode):
-        return False
+        return "other"
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(0.5)
     try:
         probe.connect(directory.via_fd(name))
     except OSError as exc:
-        return exc.errno == errno.ECONNREFUSED
+        return "refused" if exc.errno == errno.ECONNREFUSED else "other"
     finally:
         probe.close()
-    return False
+    return "accepting"
 
 
 def _remove_lock(directory: AgentDir, name: str) -> None:
