@@ -139,6 +139,8 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
     say = say or (_stderr_say if verbose else _say_nothing)
     started = time.monotonic()
     target = process.inspect(pid, check_permissions=False)
+    if os.geteuid() not in (0, target.uid):
+        process.check_permissions(pid)  # names the uid, before the directory refuses us
     with AgentDir.open(target.uid, target.root) as directory:
         where = _Where(target, directory)
         try:
