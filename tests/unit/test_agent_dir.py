@@ -272,3 +272,16 @@ def test_another_user_never_creates_or_enters_the_targets_directory(fake_root) -
     AgentDir.open(0, str(fake_root)).close()
     done = as_user(f"import sys; sys.path.insert(0, {src!r})\n" + code)
     assert done.stdout.startswith("refused"), done
+
+
+def test_a_containers_symlinked_tmp_is_refused(tmp_path) -> None:
+    # GIVEN a target's root whose /tmp is a symlink: absolute, it would resolve against OUR root
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "tmp").symlink_to(outside)
+    # WHEN the CLI opens the target's private directory THEN it refuses and creates nothing
+    with pytest.raises(PermissionDenied, match="not a plain directory"):
+        AgentDir.open(os.geteuid(), str(root))
+    assert list(outside.iterdir()) == []

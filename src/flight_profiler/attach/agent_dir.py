@@ -49,9 +49,11 @@ class AgentDir:
         # Walk root -> tmp -> ours by descriptors: a symlinked /tmp inside a container would
         # otherwise resolve against OUR root.
         root_fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
+        # our own /tmp may be a symlink (it is root's); a container's must not be
+        tmp_flags = _DIR_FLAGS & ~os.O_NOFOLLOW if root == "/" else _DIR_FLAGS
         try:
             try:
-                tmp_fd = os.open("tmp", _DIR_FLAGS, dir_fd=root_fd)
+                tmp_fd = os.open("tmp", tmp_flags, dir_fd=root_fd)
             except OSError as exc:
                 raise _refuse(os.path.dirname(path), f"not a plain directory ({exc.strerror})") from None
         finally:
