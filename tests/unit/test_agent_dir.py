@@ -285,3 +285,57 @@ def test_a_containers_symlinked_tmp_is_refused(tmp_path) -> None:
     with pytest.raises(PermissionDenied, match="not a plain directory"):
         AgentDir.open(os.geteuid(), str(root))
     assert list(outside.iterdir()) == []
+
+
+RACER = r"""
+import os, sys, time
+private, victim = sys.argv[1], sys.argv[2]
+os.write(1, b"racing\n")
+seen = set()
+deadline = time.time() + 60
+while time.time() < deadline and not os.path.exists(os.path.join(private, "stop")):
+    try:
+        names = os.listdir(private)
+    except OSError:
+        continue
+    for name in names:
+        if name.startswith(".staging-") and name not in seen:
+            seen.add(name)
+            try:
+                os.rename(os.path.join(private, name), os.path.join(private, "moved" + name))
+                os.symlink(victim, os.path.join(private, name))
+            except OSError:
+                pass
+"""
+
+
+@needs_root
+def test_staging_against_a_live_racer_of_the_second_uid(fake_root, victim) -> None:
+    # GIVEN uid 65534 racing every .staging-* directory root creates (rename it away, put a
+    # symlink to a root-only directory in its place), as the issue's attack did
+    with AgentDir.open(USER, str(fake_root)) as directory:
+        private = directory.path
+    racer = subprocess.Popen(
+        ["setpriv", "--reuid", str(USER), "--regid", str(USER), "--clear-groups",
+         sys.executable, "-c", RACER, private, str(victim)],
+        stdout=subprocess.PIPE, cwd="/")
+    try:
+        assert racer.stdout is not None and racer.stdout.readline() == b"racing\n"
+        outcomes = []
+        for _ in range(12):
+            # WHEN root stages (a fresh copy each time)
+            with AgentDir.open(USER, str(fake_root)) as directory:
+                for entry in os.listdir(directory.fd):
+                    if entry.startswith(staging.STAGED_PREFIX):
+                        staging.remove_tree(directory, entry)
+            try:
+                staging.stage(USER, 4242, str(fake_root), None, 77)
+                outcomes.append("staged")
+            except PermissionDenied:
+                outcomes.append("refused")
+            # THEN the victim is never written to nor handed to the user
+            _untouched(victim)
+        assert set(outcomes) <= {"staged", "refused"}
+    finally:
+        as_user(f"open({os.path.join(private, 'stop')!r}, 'w').close()")
+        racer.wait(30)
