@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-MAX_REQUEST_BYTES = 256 * 1024  # one request frame, as received by the agent
+MAX_REQUEST_BYTES = 64 * 1024  # one request frame, as received by the agent (strings: 16 KB)
 MAX_STRING_CHARS = 16 * 1024  # any string argument
 MAX_EXPR_CHARS = 4096  # one expression (--expr part, -f)
 MAX_EXPRESSIONS = 64  # --expr parts
