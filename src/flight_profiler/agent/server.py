@@ -436,8 +436,8 @@ def _hold_staged_copy(params: dict[str, Any]) -> None:
                      os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+    try:  # never wait here: this may run on the target's main thread
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
         return
