@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
@@ -45,7 +46,7 @@ while True:
 """
 
 
-def _median(fn, runs: int) -> float:
+def _median(fn: Callable[[], object], runs: int) -> float:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -76,7 +77,7 @@ def _last_beat(out: Path) -> tuple[int, float]:
     return int(i), float(t)
 
 
-def _rate_during(out: Path, seconds: float, action=None) -> float:
+def _rate_during(out: Path, seconds: float, action: Callable[[], object] | None = None) -> float:
     """The target's iterations per second over ``seconds`` while ``action`` runs in a loop."""
     i0, t0 = _last_beat(out)
     end = time.monotonic() + seconds
