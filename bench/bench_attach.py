@@ -10,7 +10,11 @@ Prints (and with --json emits) :
   only when a table is rendered;
 - idle cost: a loop's throughput (iterations per CPU-second) with an idle agent vs without, in
   the same process (attach / detach alternating), relative to a control process alongside.
-Targets of the peer comparison (docs/attach.md): first command < 0.5 s, later < 0.1 s.
+- injection methods side by side in one run: the built-in ptrace injector against gdb (a gdb
+  that passes the self-test, given with --gdb or $FLIGHT_PROFILER_GDB; e.g. gdb 18 from the
+  PyPI package gdb-for-pwndbg), on a sleeping and a busy target, as a ratio.
+Targets (issue 9): first command < 0.2 s, later < 0.1 s; the closest peer measured 0.66 s / 0.12 s
+on this machine kind (its own ptrace shellcode), gdb 18 0.27 s / 0.086 s.
 """
 
 from __future__ import annotations
@@ -272,6 +276,46 @@ def bench_idle(python: str, seconds: float, rounds: int) -> dict[str, object]:
             "rounds": [round(x, 4) for x in ratios]}
 
 
+BUSY = r"""
+import os
+os.write(1, b"READY\n")
+x = 0
+while True:
+    for i in range(1000):
+        x += i
+"""
+
+
+def bench_methods(python: str, runs: int, gdb: str | None) -> dict[str, object]:
+    """First command per injection method, each on a fresh target, interleaved run by run."""
+    methods = ["ptrace"] + (["gdb"] if gdb else [])
+    env = dict(os.environ)
+    if gdb:
+        env["FLIGHT_PROFILER_GDB"] = gdb
+    out: dict[str, object] = {}
+    for name, code in (("sleeping", SLEEPER), ("busy", BUSY)):
+        times: dict[str, list[float]] = {m: [] for m in methods}
+        for _ in range(runs):
+            for method in methods:
+                proc, _ = spawn(python, code)
+                try:
+                    start = time.perf_counter()
+                    subprocess.run([*CLI, str(proc.pid), "--cmd", "status", "--method", method],
+                                   check=True, capture_output=True, timeout=120, env=env)
+                    times[method].append(time.perf_counter() - start)
+                    assert proc.poll() is None, "target died"
+                finally:
+                    stop(proc)
+        row: dict[str, object] = {m: median_ms(v) for m, v in times.items()}
+        if gdb:
+            row["ptrace_over_gdb"] = round(statistics.median(times["ptrace"])
+                                           / statistics.median(times["gdb"]), 2)
+        out[name] = row
+    if not gdb:
+        out["gdb"] = "skipped: no working gdb given (--gdb PATH or $FLIGHT_PROFILER_GDB)"
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = "/root/.pyenv/versions/3.11.7/bin/python3.11"
@@ -280,9 +324,12 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=2.0)
     parser.add_argument("--idle-rounds", type=int, default=6)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--gdb", default=os.environ.get("FLIGHT_PROFILER_GDB"),
+                        help="a working gdb to compare the built-in injector with")
     args = parser.parse_args()
     results = {
         "target_python": args.python,
+        "methods": bench_methods(args.python, args.runs, args.gdb),
         "latency": bench_latency(args.python, args.runs),
         "torch_target": bench_torch_target(max(args.runs // 2, 1)),
         "startup": bench_startup(args.runs),
@@ -294,6 +341,8 @@ def main() -> None:
         return
     lat = results["latency"]
     print(f"target: {args.python}")
+    for state, row in results["methods"].items():  # type: ignore[union-attr]
+        print(f"first command, {state} target, by method: {row}")
     for key, value in lat.items():  # type: ignore[union-attr]
         if isinstance(value, dict):
             print(f"{key:22s} median {value['median_ms']:7.1f} ms  "

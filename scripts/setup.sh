@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Sets up a development environment in .venv on a fresh Linux machine: gdb (for attaching),
-# the CPU build of torch (pinned FIRST: an unpinned torch pulls a multi-GB CUDA build), and
-# flight_profiler itself in editable mode with its test tools. Safe to run again.
+# Sets up a development environment in .venv on a fresh Linux machine: the CPU build of torch
+# (pinned FIRST: an unpinned torch pulls a multi-GB CUDA build) and flight_profiler itself in
+# editable mode with its test tools. Safe to run again. On x86-64 attaching needs no gdb (the
+# built-in ptrace injector); elsewhere gdb is the fallback and is installed if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v gdb >/dev/null 2>&1; then
+if [ "$(uname -m)" != x86_64 ] && ! command -v gdb >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq gdb >/dev/null
   else

@@ -254,7 +254,7 @@ def _wait_for_agent(target: Any, where: _Where, deadline: float, injection: Any,
 
 
 def _explain_timeout(pid: int, injection: Any) -> str:
-    """Say why the agent did not come up, as precisely as gdb's observations allow."""
+    """Say why the agent did not come up, as precisely as the injector's observations allow."""
     base = f"the agent did not come up in process {pid} in time"
     outcome = getattr(injection, "evidence", None)
     if outcome is None:
@@ -263,7 +263,7 @@ def _explain_timeout(pid: int, injection: Any) -> str:
     if outcome.helper_error and outcome.method == "pending":
         return (f"{base}: {outcome.helper_error}, and the pending call queued instead was not "
                 f"run (main thread {state})")
-    if outcome.method == "helper":
+    if outcome.method == "thread":
         return (f"{base}: its thread is waiting for the GIL, which another thread holds "
                 f"(a long C call?); main thread {state}")
     if outcome.syscall is not None and outcome.syscall < 0 and outcome.holds_gil is False:
@@ -273,6 +273,6 @@ def _explain_timeout(pid: int, injection: Any) -> str:
         return (f"{base}: the main thread is blocked in system call {outcome.syscall} while "
                 "holding the GIL")
     if outcome.syscall is not None and outcome.syscall >= 0:
-        return (f"{base}: the main thread sleeps in system call {outcome.syscall} and no helper "
-                "library could be used, so the agent waits for Python code to run")
+        return (f"{base}: the main thread sleeps in system call {outcome.syscall} and no native "
+                "thread could be started, so the agent waits for Python code to run")
     return f"{base}: a pending call was queued but no thread ran Python code (main thread {state})"

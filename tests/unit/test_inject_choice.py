@@ -13,16 +13,20 @@ from support import PYTHONS
 
 
 def choose(requested="auto", target=(3, 11), cli=(3, 11), disabled=False, gdb_ok=True,
-           pyrasite_ok=False):
-    return inject.choose_method(requested, target, cli, disabled, gdb_ok, pyrasite_ok)
+           pyrasite_ok=False, ptrace_ok=True):
+    return inject.choose_method(requested, target, cli, disabled, gdb_ok, pyrasite_ok, ptrace_ok)
 
 
-def test_auto_prefers_remote_exec_only_when_it_can_work() -> None:
+def test_auto_prefers_remote_exec_then_the_own_injector_then_gdb() -> None:
     assert choose(target=(3, 14), cli=(3, 14)) == "remote_exec"
-    assert choose(target=(3, 14), cli=(3, 11)) == "gdb"  # needs the same major.minor
-    assert choose(target=(3, 14), cli=(3, 14), disabled=True) == "gdb"  # target opted out
-    assert choose(target=(3, 12), cli=(3, 12)) == "gdb"
+    assert choose(target=(3, 14), cli=(3, 11)) == "ptrace"  # remote_exec needs the same x.y
+    assert choose(target=(3, 14), cli=(3, 14), disabled=True) == "ptrace"  # target opted out
+    assert choose(target=(3, 12), cli=(3, 12)) == "ptrace"
+    assert choose(target=(3, 12), cli=(3, 12), gdb_ok=False) == "ptrace"  # no gdb needed
     assert choose(target=(3, 15), cli=(3, 15)) == "remote_exec"
+    # where the own injector does not run (not x86-64), gdb is the fallback
+    assert choose(target=(3, 12), ptrace_ok=False) == "gdb"
+    assert choose(target=(3, 14), cli=(3, 11), ptrace_ok=False) == "gdb"
 
 
 def test_explicit_methods_say_why_they_cannot_be_used() -> None:
@@ -36,16 +40,19 @@ def test_explicit_methods_say_why_they_cannot_be_used() -> None:
         choose("pyrasite")
     assert choose("pyrasite", pyrasite_ok=True) == "pyrasite"
     assert choose("gdb", target=(3, 14), cli=(3, 14)) == "gdb"
+    assert choose("ptrace") == "ptrace"
+    with pytest.raises(AttachFailed, match="x86-64 Linux only"):
+        choose("ptrace", ptrace_ok=False)
     with pytest.raises(UsageError):
-        choose("ptrace")
+        choose("lldb")
 
 
 def test_missing_gdb_names_the_install_line() -> None:
     with pytest.raises(AttachFailed, match="gdb is not installed") as err:
-        choose(gdb_ok=False)
+        choose(gdb_ok=False, ptrace_ok=False)
     assert "apt-get install gdb" in err.value.hint
     with pytest.raises(AttachFailed) as err:
-        choose(target=(3, 14), cli=(3, 12), gdb_ok=False)
+        choose(target=(3, 14), cli=(3, 12), gdb_ok=False, ptrace_ok=False)
     assert "Python 3.14" in err.value.hint
 
 
@@ -127,8 +134,8 @@ def test_parse_gdb_output_and_classify_failures() -> None:
 
 
 def test_main_thread_state_words() -> None:
-    assert gdb.GdbOutcome("helper", 230, False).main_thread_state() == (
-        "parked in syscall 230, without the GIL")
+    assert gdb.GdbOutcome("thread", 230, False).main_thread_state() == (
+        "parked in system call 230, without the GIL")
     assert gdb.GdbOutcome("pending", -1, True).main_thread_state() == "running, holding the GIL"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,12 @@ def test_stopped_and_traced_python_targets(spawn_target) -> None:
         assert f"kill -CONT {t.pid}" in err.value.hint
     finally:
         os.kill(t.pid, 18)  # SIGCONT
-    tracer = subprocess.Popen(["gdb", "-nx", "-batch", "-p", str(t.pid), "-ex", "shell sleep 1.5"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    # a tracer that only seizes (the target runs on) and lets go when it exits
+    seize = (f"import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             f"assert libc.ptrace(0x4206, {t.pid}, None, None) == 0, ctypes.get_errno()\n"
+             "time.sleep(1.5)\n")
+    tracer = subprocess.Popen([sys.executable, "-c", seize], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         import time
 
@@ -139,7 +143,7 @@ def test_stopped_and_traced_python_targets(spawn_target) -> None:
         with pytest.raises(AttachFailed, match=r"already traced by PID \d+ \(a debugger\?\)"):
             process.inspect(t.pid)
     finally:
-        tracer.wait(30)  # never kill an attached gdb: it detaches by itself
+        tracer.wait(30)
     assert t.alive()
 
 

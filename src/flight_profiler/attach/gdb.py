@@ -28,8 +28,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
 
+from flight_profiler.attach.outcome import Outcome
 from flight_profiler.errors import AttachFailed, PermissionDenied, ProcessNotFound
 
 # payload layout (offsets in the mmap'ed page run)
@@ -41,32 +41,23 @@ _PAGE = 4096
 _LINE = re.compile(r"^FP (\w+)=(-?\w+)\s*$")
 
 
-@dataclass
-class GdbOutcome:
-    """What gdb did and saw: enough to explain a later timeout precisely."""
+GdbOutcome = Outcome  # the gdb recipe reports what the ptrace injector reports
 
-    method: str  # "helper" | "pending" | "none"
-    syscall: int | None = None  # main thread's syscall number, -1 running user code
-    holds_gil: bool | None = None
-    helper_error: str | None = None
-    elapsed: float = 0.0
-    values: dict[str, str] = field(default_factory=dict)
-    output: str = ""
 
-    def main_thread_state(self) -> str:
-        if self.syscall is None:
-            return "unknown"
-        where = f"parked in syscall {self.syscall}" if self.syscall >= 0 else "running"
-        gil = {True: "holding the GIL", False: "without the GIL", None: "GIL unknown"}
-        return f"{where}, {gil[self.holds_gil]}"
+def gdb_path() -> str | None:
+    """The gdb to use: $FLIGHT_PROFILER_GDB if set, else the one on PATH (or None)."""
+    named = os.environ.get("FLIGHT_PROFILER_GDB")
+    if named:
+        return named if os.access(named, os.X_OK) else None
+    return shutil.which("gdb")
 
 
 def find_gdb() -> str:
-    path = shutil.which("gdb")
+    path = gdb_path()
     if path is None:
         raise AttachFailed(
-            "gdb is not installed (needed to attach to Python < 3.14)",
-            "install it: `apt-get install gdb` (Debian/Ubuntu) or `dnf install gdb`",
+            "gdb is not installed (needed for --method gdb)",
+            "install it: `apt-get install gdb`, or set $FLIGHT_PROFILER_GDB to a gdb binary",
         )
     return path
 
@@ -278,7 +269,7 @@ def inject(
     sys_nr = int(values["sys"]) if values.get("sys", "-2") != "-2" else None
     gil = {"1": True, "0": False}.get(values.get("gil", ""))
     done = values.get("done", "0")
-    method = {"1": "helper", "2": "pending"}.get(done, "none")
+    method = {"1": "thread", "2": "pending"}.get(done, "none")
     helper_error = None
     if helper is not None and values.get("dlopen") == "0" and values.get("libc_dlopen", "0") == "0":
         helper_error = "dlopen of the helper library failed in the target"

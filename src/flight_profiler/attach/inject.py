@@ -1,7 +1,9 @@
 """Choose how to get the agent into the target, build the bootstrap text, and inject it.
 
 ``choose_method`` is a pure function (unit-tested): remote_exec when PEP 768 can work (target
-3.14+, same major.minor as this CLI, not opted out), else gdb; pyrasite only when asked for.
+3.14+, same major.minor as this CLI, not opted out), else our own ptrace injector where it is
+supported (x86-64 Linux), else gdb (after a self-test proves it can call and restore safely);
+pyrasite only when asked for.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import Callable
 
 from flight_profiler.agent import protocol
 from flight_profiler.attach import remote_exec
+from flight_profiler.attach.outcome import Outcome
 from flight_profiler.attach.process import TargetInfo
 from flight_profiler.errors import AttachFailed, UsageError
 
-METHODS = ("auto", "remote_exec", "gdb", "pyrasite")
+METHODS = ("auto", "ptrace", "remote_exec", "gdb", "pyrasite")
 _BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "agent", "bootstrap.py")
 
@@ -29,6 +32,7 @@ def choose_method(
     remote_debug_disabled: bool,
     gdb_available: bool,
     pyrasite_available: bool,
+    ptrace_supported: bool = True,
 ) -> str:
     """The injection method to use, or a UsageError/AttachFailed naming why none fits."""
     if requested not in METHODS:
@@ -44,14 +48,21 @@ def choose_method(
         else:
             why = (f"the target runs Python {_v(target_version)} but this CLI runs "
                    f"{_v(cli_version)}; sys.remote_exec needs the same major.minor")
-        raise AttachFailed(f"--method remote_exec cannot be used: {why}", "use --method gdb")
+        raise AttachFailed(f"--method remote_exec cannot be used: {why}", "use --method auto")
     if requested == "pyrasite":
         if not pyrasite_available:
             raise AttachFailed("--method pyrasite needs pyrasite, which is not installed",
                                "`pip install pyrasite`, or use --method auto")
         return "pyrasite"
+    if requested == "ptrace":
+        if not ptrace_supported:
+            raise AttachFailed("--method ptrace supports x86-64 Linux only",
+                               "use --method gdb (or auto)")
+        return "ptrace"
     if requested == "auto" and can_remote:
         return "remote_exec"
+    if requested == "auto" and ptrace_supported:
+        return "ptrace"
     if not gdb_available:
         hint = "install it: `apt-get install gdb`"
         if target_version is not None and target_version >= (3, 14) and not remote_debug_disabled:
@@ -81,24 +92,28 @@ def bootstrap_text(params: dict[str, object]) -> str:
 class Injection:
     method: str
     detail: str  # what happened, for -v and for explaining a timeout
-    evidence: object = None  # gdb.GdbOutcome for the gdb method
+    evidence: Outcome | None = None  # what the ptrace or gdb injector saw
 
 
 def inject(target: TargetInfo, method: str, deadline: float,
            say: Callable[[str], None] = lambda s: None) -> Injection:
     """Stage the agent and run the chosen injector once. Does not wait for the agent."""
-    import shutil
+    from flight_profiler.attach import gdb, ptrace, pyrasite, staging
 
-    from flight_profiler.attach import helper as helper_mod
-    from flight_profiler.attach import pyrasite, staging
-
+    gdb_path = gdb.gdb_path()
     chosen = choose_method(
         method, target.version, sys.version_info[:2],
         remote_exec.disabled_in(target.environ, target.cmdline),
-        shutil.which("gdb") is not None, pyrasite.available(),
+        gdb_path is not None, pyrasite.available(), ptrace.supported(),
     )
+    say(f"injection method: {chosen}")
     helper_path, helper_note = (None, "not needed")
     if chosen == "gdb":
+        from flight_profiler.attach import gdb_selftest
+        from flight_profiler.attach import helper as helper_mod
+
+        assert gdb_path is not None
+        gdb_selftest.check(gdb_path, say)
         helper_path, helper_note = helper_mod.find_helper()
         say(f"helper library: {helper_path or 'none'} ({helper_note})")
     staged = staging.stage(target.uid, target.ns_pid, target.root, helper_path, target.pid_ns)
@@ -113,17 +128,21 @@ def inject(target: TargetInfo, method: str, deadline: float,
     if chosen == "pyrasite":
         pyrasite.inject(target.pid, bootstrap_text(base), max(deadline - time.time(), 1.0))
         return Injection("pyrasite", "pyrasite ran the bootstrap")
-    from flight_profiler.attach import gdb
+    foreign = bootstrap_text({**base, "foreign": True})
+    pending = bootstrap_text({**base, "foreign": False})
+    if chosen == "ptrace":
+        from flight_profiler.attach import ptrace_inject
 
-    assert target.version is not None
-    outcome = gdb.inject(
-        target.pid, target.version, staged.helper,
-        bootstrap_text({**base, "foreign": True}), bootstrap_text({**base, "foreign": False}),
-    )
-    for key, value in outcome.values.items():
-        say(f"gdb: {key}={value}")
-    say(f"gdb returned in {outcome.elapsed:.2f}s: main thread {outcome.main_thread_state()}, "
-        f"agent started by {'a helper thread' if outcome.method == 'helper' else 'a pending call'}")
-    if helper_path is None:
-        say(helper_note)
-    return Injection("gdb", outcome.method, outcome)
+        outcome = ptrace_inject.inject(target, foreign, pending, say)
+    else:
+        assert target.version is not None
+        outcome = gdb.inject(target.pid, target.version, staged.helper, foreign, pending)
+        for key, value in outcome.values.items():
+            say(f"gdb: {key}={value}")
+        for line in outcome.output.splitlines():
+            say(f"gdb| {line}")
+        if helper_path is None:
+            say(helper_note)
+    say(f"{chosen} returned in {outcome.elapsed:.3f}s: main thread {outcome.main_thread_state()}, "
+        f"agent started by {'a new native thread' if outcome.method == 'thread' else 'a pending call'}")
+    return Injection(chosen, outcome.method, outcome)

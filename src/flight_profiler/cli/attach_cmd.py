@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from flight_profiler.api import Session
     from flight_profiler.cli.agent_commands.base import AgentRequest
 
-METHODS = ("auto", "remote_exec", "gdb", "pyrasite")
+from flight_profiler.attach.inject import METHODS
 
 _console: Console | None = None
 
@@ -93,7 +93,8 @@ def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
               help="Seconds to wait for the agent to come up.")
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
               help="How to inject: auto picks sys.remote_exec (Python 3.14, same version as the "
-                   "CLI) else gdb; pyrasite only if installed.")
+                   "CLI), else the built-in ptrace injector (x86-64), else gdb after a self-test; "
+                   "pyrasite only if installed.")
 @click.option("-v", "--verbose", is_flag=True, help="Say what the attach does, on stderr.")
 def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, method: str,
            verbose: bool) -> None:
