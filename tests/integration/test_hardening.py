@@ -175,25 +175,28 @@ def test_huge_expression_through_the_api_never_reaches_the_target(target) -> Non
 
 def test_killed_targets_socket_log_and_lock_are_swept_at_the_next_attach(target) -> None:
     victim = spawn(BEATING, python=PYTHON)
-    with connect(victim.pid, timeout=30):
-        pass
-    uid = os.geteuid()
-    left = [protocol.socket_path(victim.pid, uid), protocol.log_path(victim.pid, uid)]
-    deadline = time.monotonic() + 10  # the agent logs its first line just after it listens
-    while not all(os.path.exists(p) for p in left):
-        assert time.monotonic() < deadline, left
-        time.sleep(0.05)
-    victim.popen.kill()
-    victim.popen.wait(10)
-    # WHEN another process is attached (an injection sweeps the directory)
-    with connect(target.pid, timeout=30) as session:
-        assert session.injected
-        session.detach()
-    # THEN what the killed one left is gone, and no lock file of either stays
-    assert not any(os.path.exists(p) for p in left)
-    # (other CLIs may share this directory: look only at these two processes' names)
-    locks = {protocol.lock_name(pid) for pid in (victim.pid, target.pid)}
-    assert not locks & set(os.listdir(protocol.socket_dir(uid)))
+    try:
+        with connect(victim.pid, timeout=30):
+            pass
+        uid = os.geteuid()
+        left = [protocol.socket_path(victim.pid, uid), protocol.log_path(victim.pid, uid)]
+        deadline = time.monotonic() + 10  # the agent logs its first line just after it listens
+        while not all(os.path.exists(p) for p in left):
+            assert time.monotonic() < deadline, left
+            time.sleep(0.05)
+        victim.popen.kill()
+        victim.popen.wait(10)
+        # WHEN another process is attached (an injection sweeps the directory)
+        with connect(target.pid, timeout=30) as session:
+            assert session.injected
+            session.detach()
+        # THEN what the killed one left is gone, and no lock file of either stays
+        assert not any(os.path.exists(p) for p in left)
+        # (other CLIs may share this directory: look only at these two processes' names)
+        locks = {protocol.lock_name(pid) for pid in (victim.pid, target.pid)}
+        assert not locks & set(os.listdir(protocol.socket_dir(uid)))
+    finally:
+        victim.stop()
 
 
 TWIN = """
