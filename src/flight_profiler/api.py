@@ -18,7 +18,6 @@ injects only when none does. Leaving the ``with`` block closes the connection; t
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sys
 import time
@@ -26,6 +25,8 @@ from collections.abc import Generator, Iterator
 from typing import Any, Callable
 
 from flight_profiler.agent import protocol
+from flight_profiler.attach import cleanup
+from flight_profiler.attach.agent_dir import AgentDir
 from flight_profiler.client import AgentBusy, AgentClient, EventHandler, NoAgent
 from flight_profiler.errors import (
     AgentLost,
@@ -34,7 +35,7 @@ from flight_profiler.errors import (
     FlightProfilerError,
 )
 
-__all__ = ["Session", "connect"]
+__all__ = ["NotAttached", "Session", "connect"]
 
 _POLL = 0.01  # seconds between connection attempts while the agent starts
 
@@ -128,64 +129,84 @@ def _stderr_say(text: str) -> None:
 
 
 def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool = False,
-            say: Callable[[str], None] | None = None) -> Session:
-    """Attach to ``pid`` (reusing its agent if one answers) and return a :class:`Session`."""
+            say: Callable[[str], None] | None = None, inject: bool = True) -> Session:
+    """Attach to ``pid`` (reusing its agent if one answers) and return a :class:`Session`.
+
+    ``inject=False``: only reuse a running agent; raise :class:`NotAttached` if none answers.
+    """
     from flight_profiler.attach import process
 
     say = say or (_stderr_say if verbose else _say_nothing)
     started = time.monotonic()
     target = process.inspect(pid, check_permissions=False)
-    path = protocol.socket_path(target.ns_pid, target.uid, target.root)
-    try:
-        client = AgentClient.connect(path, target.ns_pid, target.start_time, timeout=timeout)
-        elapsed = time.monotonic() - started
-        say(f"reused the agent already running in {pid} ({elapsed * 1000:.0f} ms)")
-        return Session(pid, client, False, elapsed)
-    except AgentBusy as exc:
-        raise AttachTimeout(
-            f"the agent in process {pid} is running but did not answer: {exc}",
-            "a thread of the target is probably holding the GIL in a long C call; retry later "
-            "or raise --timeout") from None
-    except NoAgent as exc:
-        say(f"no agent answers at {path} ({exc}); injecting")
-    process.check_permissions(pid)
-    with _attach_lock(target, time.monotonic() + timeout):
-        # another CLI may have attached while we waited for the lock
+    if os.geteuid() not in (0, target.uid):
+        process.check_permissions(pid)  # names the uid, before the directory refuses us
+    with AgentDir.open(target.uid, target.root) as directory:
+        where = _Where(target, directory)
         try:
-            client = AgentClient.connect(path, target.ns_pid, target.start_time, timeout=timeout)
+            client = where.connect(timeout)
             elapsed = time.monotonic() - started
-            say(f"another attach put the agent there meanwhile ({elapsed:.2f}s)")
+            say(f"reused the agent already running in {pid} ({elapsed * 1000:.0f} ms)")
             return Session(pid, client, False, elapsed)
-        except (NoAgent, AgentBusy):
-            pass
-        return _inject_and_connect(target, path, timeout, method, say, started)
-
-
-@contextlib.contextmanager
-def _attach_lock(target: Any, deadline: float) -> Iterator[None]:
-    """One injection at a time per target (two tracers cannot both ptrace it)."""
-    from flight_profiler.attach import staging
-
-    directory = staging.private_dir(target.uid, target.root)
-    fd = os.open(os.path.join(directory, f".attach-{target.ns_pid}.lock"),
-                 os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        while True:
+        except AgentBusy as exc:
+            raise AttachTimeout(
+                f"the agent in process {pid} is running but did not answer: {exc}",
+                "a thread of the target is probably holding the GIL in a long C call; retry "
+                "later or raise --timeout") from None
+        except NoAgent as exc:
+            if not inject:
+                raise NotAttached(
+                    f"no agent answers in process {pid} ({exc})",
+                    f"none is attached; if one runs but its socket was removed, any command "
+                    f"(`flight_profiler {pid} --cmd status`) gives it a new one") from None
+            say(f"no agent answers at {where.display} ({exc}); injecting")
+        process.check_permissions(pid)
+        lock = protocol.lock_name(target.ns_pid, target.pid_ns)
+        with directory.lock(lock, time.monotonic() + timeout, f"process {pid}"):
+            for name in cleanup.sweep(directory):
+                say(f"removed {name} (left by a process that has exited)")
+            # another CLI may have attached while we waited for the lock
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise AttachTimeout(
-                        f"another flight_profiler is attaching to process {target.pid}",
-                        "retry when it is done") from None
-                time.sleep(0.02)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+                client = where.connect(timeout)
+                elapsed = time.monotonic() - started
+                say(f"another attach put the agent there meanwhile ({elapsed:.2f}s)")
+                return Session(pid, client, False, elapsed)
+            except (NoAgent, AgentBusy):
+                pass
+            return _inject_and_connect(target, where, timeout, method, say, started)
 
 
-def _inject_and_connect(target: Any, path: str, timeout: float, method: str,
+class NotAttached(AttachFailed):
+    """No agent answers in the process and the caller asked not to inject one."""
+
+
+class _Where:
+    """The target's files in its private directory, reached through its descriptor."""
+
+    def __init__(self, target: Any, directory: AgentDir) -> None:
+        self.target = target
+        self.directory = directory
+        self.sock = protocol.socket_name(target.ns_pid, target.pid_ns)
+        self.log = protocol.log_name(target.ns_pid, target.pid_ns)
+        self.display = os.path.join(directory.path, self.sock)
+        self.log_display = os.path.join(directory.path, self.log)
+
+    def connect(self, timeout: float) -> AgentClient:
+        t = self.target
+        return AgentClient.connect(self.directory.via_fd(self.sock), t.ns_pid, t.start_time,
+                                   timeout=timeout, peer=(t.pid, t.uid))
+
+    def log_size(self) -> int:
+        return self.directory.size(self.log)
+
+    def bootstrap_failure(self, offset: int) -> str | None:
+        """The bootstrap's error line written since ``offset`` in the agent log, if any."""
+        text = self.directory.read_from(self.log, offset).decode("utf-8", "replace")
+        lines = [ln.strip() for ln in text.splitlines() if ln.startswith("bootstrap failed")]
+        return lines[-1] if lines else None
+
+
+def _inject_and_connect(target: Any, where: _Where, timeout: float, method: str,
                         say: Callable[[str], None], started: float) -> Session:
     pid = target.pid
     say(f"target: pid {pid}, Python {target.version_str}, uid {target.uid}, exe {target.exe}, "
@@ -193,15 +214,15 @@ def _inject_and_connect(target: Any, path: str, timeout: float, method: str,
     from flight_profiler.attach import inject
 
     deadline = time.time() + timeout
-    log_offset = _log_size(target)
+    log_offset = where.log_size()
     injection = inject.inject(target, method, deadline, say)
-    client = _wait_for_agent(target, path, deadline, injection, say, log_offset)
+    client = _wait_for_agent(target, where, deadline, injection, say, log_offset)
     elapsed = time.monotonic() - started
     say(f"agent answered after {elapsed:.2f}s")
     return Session(pid, client, True, elapsed, injection.method)
 
 
-def _wait_for_agent(target: Any, path: str, deadline: float, injection: Any,
+def _wait_for_agent(target: Any, where: _Where, deadline: float, injection: Any,
                     say: Callable[[str], None], log_offset: int) -> AgentClient:
     # A little grace after the deadline: the bootstrap checks the deadline when it starts,
     # so an agent that started just in time still gets found.
@@ -209,8 +230,7 @@ def _wait_for_agent(target: Any, path: str, deadline: float, injection: Any,
     next_log_check = time.time() + 0.1
     while time.time() < deadline + 0.5:
         try:
-            return AgentClient.connect(path, target.ns_pid, target.start_time,
-                                       timeout=max(deadline + 0.5 - time.time(), 0.1))
+            return where.connect(max(deadline + 0.5 - time.time(), 0.1))
         except (NoAgent, AgentBusy) as exc:
             last = exc
         if not os.path.exists(f"/proc/{target.pid}"):
@@ -218,38 +238,19 @@ def _wait_for_agent(target: Any, path: str, deadline: float, injection: Any,
                             "see the target's own output for why it ended")
         if time.time() >= next_log_check:  # fail fast when the bootstrap reported an error
             next_log_check = time.time() + 0.1
-            failure = _bootstrap_failure(target, log_offset)
+            failure = where.bootstrap_failure(log_offset)
             if failure:
                 raise AttachFailed(f"the agent failed to start in {target.pid}: {failure}",
-                                   f"see {protocol.log_path(target.ns_pid, target.uid, target.root)}")
+                                   f"see {where.log_display}")
         time.sleep(_POLL)
-    failure = _bootstrap_failure(target, log_offset)
+    failure = where.bootstrap_failure(log_offset)
     if failure:
         raise AttachFailed(f"the agent failed to start in {target.pid}: {failure}",
-                           f"see {protocol.log_path(target.ns_pid, target.uid, target.root)}")
+                           f"see {where.log_display}")
     say(f"last connection attempt: {last}")
     raise AttachTimeout(_explain_timeout(target.pid, injection),
                         "the target was left as it was (the queued bootstrap does nothing once "
                         "this attach has given up); retry later or raise --timeout")
-
-
-def _log_size(target: Any) -> int:
-    try:
-        return os.path.getsize(protocol.log_path(target.ns_pid, target.uid, target.root))
-    except OSError:
-        return 0
-
-
-def _bootstrap_failure(target: Any, offset: int) -> str | None:
-    """The bootstrap's error line written since ``offset`` in the agent log, if any."""
-    try:
-        with open(protocol.log_path(target.ns_pid, target.uid, target.root), "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    lines = [ln.strip() for ln in text.splitlines() if ln.startswith("bootstrap failed")]
-    return lines[-1] if lines else None
 
 
 def _explain_timeout(pid: int, injection: Any) -> str:

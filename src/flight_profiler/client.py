@@ -7,18 +7,26 @@ import errno
 import itertools
 import os
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
 
 from flight_profiler import __version__
-from flight_profiler.agent import protocol
-from flight_profiler.errors import AgentLost, AttachFailed, FlightProfilerError, from_remote
+from flight_profiler.agent import limits, protocol
+from flight_profiler.errors import (
+    AgentLost,
+    AttachFailed,
+    FlightProfilerError,
+    UsageError,
+    from_remote,
+)
 
 EventHandler = Callable[[dict[str, Any]], None]
 
 # After Ctrl-C the agent removes the request's hooks and sends the final result; wait this long.
 CANCEL_GRACE = 3.0
+_UCRED = struct.Struct("3i")
 
 
 class NoAgent(Exception):
@@ -39,11 +47,14 @@ class AgentClient:
         self._ids = itertools.count(1)
 
     @classmethod
-    def connect(cls, path: str, pid: int, start_time: int, timeout: float = 5.0) -> AgentClient:
+    def connect(cls, path: str, pid: int, start_time: int, timeout: float = 5.0,
+                peer: tuple[int, int] | None = None) -> AgentClient:
         """Connect and handshake; raise NoAgent if no live agent of THIS process answers.
 
         A socket file whose agent is gone (ECONNREFUSED), or whose hello names another process
-        (a reused pid), is stale: it is removed so the next attach starts clean.
+        (a reused pid), is stale: it is removed so the next attach starts clean. ``peer``:
+        (pid as we see it, uid) the listening process must have (SO_PEERCRED, checked before
+        a byte is sent: whoever could plant a socket there learns nothing).
         """
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -63,6 +74,12 @@ class AgentClient:
                 raise PermissionDenied(f"cannot connect to the agent at {path}: {exc.strerror}",
                                        "run as the target's user or as root") from None
             raise NoAgent(f"cannot connect: {exc}") from None
+        if peer is not None:
+            peer_pid, peer_uid = _peer_of(sock)
+            if peer_pid != peer[0] or peer_uid not in (peer[1], 0):
+                sock.close()
+                raise NoAgent(f"the socket is served by process {peer_pid} (uid {peer_uid}), "
+                              f"not by process {peer[0]}")
         try:
             protocol.send(sock, {"type": "hello", "protocol": protocol.PROTOCOL_VERSION,
                                  "client": f"flight_profiler {__version__}"})
@@ -113,8 +130,21 @@ class AgentClient:
             raise
 
     def start(self, cmd: str, args: dict[str, Any] | None = None) -> int:
+        """Send a request (refused here, before the target sees it, if beyond the agent's
+        bounds)."""
+        problem = limits.request_problem(args or {})
+        if problem:
+            raise UsageError(f"{cmd}: {problem}", "shorten or simplify it")
         req_id = next(self._ids)
-        self._send({"type": "request", "id": req_id, "cmd": cmd, "args": args or {}})
+        message = {"type": "request", "id": req_id, "cmd": cmd, "args": args or {}}
+        frame = protocol.encode(message)
+        if len(frame) > limits.MAX_REQUEST_BYTES:
+            raise UsageError(f"{cmd}: a request of {len(frame)} bytes exceeds the agent's "
+                             f"limit of {limits.MAX_REQUEST_BYTES}", "shorten it")
+        try:
+            self.sock.sendall(frame)
+        except OSError as exc:
+            raise AgentLost(f"lost the connection to the agent: {exc}") from None
         return req_id
 
     def messages(self, req_id: int) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -172,7 +202,7 @@ class AgentClient:
                     self.sock.settimeout(None)
             if message is None:
                 raise AgentLost("the agent closed the connection (did the target exit?)")
-            if message.get("id") != req_id:
+            if message.get("id") not in (req_id, None):  # None: the agent refused the frame
                 continue
             kind = message.get("type")
             if kind == "event":
@@ -188,6 +218,12 @@ class AgentClient:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _peer_of(sock: socket.socket) -> tuple[int, int]:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, _gid = _UCRED.unpack(creds)
+    return int(pid), int(uid)
 
 
 def _remove_stale(path: str) -> None:

@@ -331,12 +331,13 @@ def test_target_in_its_own_mount_and_pid_namespace(tmp_path) -> None:
         # THEN it works through /proc/PID/root, with the namespace's pid in the socket name
         assert proc.returncode == 0, proc.stderr
         assert "fp_in_container" in _function_names(json.loads(proc.stdout))
-        assert os.path.exists(f"/proc/{pid}/root/tmp/flight_profiler-0/agent-1.sock")
-        assert not os.path.exists("/tmp/flight_profiler-0/agent-1.sock")
+        sock = protocol.socket_name(1, protocol.pid_namespace(pid))
+        assert os.path.exists(f"/proc/{pid}/root/tmp/flight_profiler-0/{sock}")
+        assert not os.path.exists(f"/tmp/flight_profiler-0/{sock}")
         with connect(pid) as session:
             assert not session.injected and session.hello["pid"] == 1
             session.detach()
-        assert not os.path.exists(f"/proc/{pid}/root/tmp/flight_profiler-0/agent-1.sock")
+        assert not os.path.exists(f"/proc/{pid}/root/tmp/flight_profiler-0/{sock}")
     finally:
         if pid is not None:
             os.kill(pid, 9)

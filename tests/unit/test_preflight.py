@@ -145,3 +145,24 @@ def test_stopped_and_traced_python_targets(spawn_target) -> None:
     finally:
         tracer.wait(30)
     assert t.alive()
+
+
+def test_root_without_cap_sys_ptrace_is_told_about_the_capability_not_the_uid(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN pid 1 of a container (root, full capabilities) and a root caller whose
+    # capabilities were dropped (no CAP_SYS_PTRACE)
+    monkeypatch.setattr(process, "ptrace_scope", lambda: 0)
+    init = process.parse_status(STATUS.replace("1000", "0") + "CapPrm:\t000001ffffffffff\n")
+    caller_caps = 0x00000000a80425fb  # Docker's default set: no CAP_SYS_PTRACE (bit 19)
+    assert not caller_caps & (1 << process.CAP_SYS_PTRACE)
+    # WHEN the pre-flight runs THEN the error names the capability and the Docker fix
+    with pytest.raises(PermissionDenied) as err:
+        process.check_ptrace_allowed(init, 0, caller_caps, 1)
+    assert "CAP_SYS_PTRACE" in err.value.message and "uid" not in err.value.message
+    assert "--cap-add=SYS_PTRACE" in err.value.hint
+    # a plain user attaching to a target holding capabilities is told so, not about a uid
+    user = process.parse_status(STATUS + "CapPrm:\t0000000000080000\n")
+    with pytest.raises(PermissionDenied, match="capabilities you lack"):
+        process.check_ptrace_allowed(user, 1000, 0, 4242)
+    # and with the capability, both are allowed
+    process.check_ptrace_allowed(init, 0, caller_caps | (1 << process.CAP_SYS_PTRACE), 1)

@@ -68,9 +68,17 @@ def test_no_pickles_non_json_values_become_strings() -> None:
 
 
 def test_socket_paths_and_start_time() -> None:
-    assert protocol.socket_path(12, 1000) == "/tmp/flight_profiler-1000/agent-12.sock"
+    assert protocol.socket_path(12, 1000, pidns=77) == "/tmp/flight_profiler-1000/agent-77-12.sock"
     assert protocol.socket_path(12, 0, "/proc/99/root").startswith("/proc/99/root/tmp/")
-    assert protocol.log_path(12, 1000).endswith("agent-12.log")
-    own = protocol.process_start_time(os.getpid())
-    assert isinstance(own, int) and own > 0
-    assert protocol.process_start_time(os.getpid()) == own
+    assert protocol.log_path(12, 1000, pidns=77).endswith("agent-77-12.log")
+    start = protocol.process_start_time(os.getpid())
+    assert isinstance(start, int) and start > 0
+    assert protocol.process_start_time(os.getpid()) == start
+
+
+def test_pid_namespace_twins_get_distinct_socket_names() -> None:
+    # two containers sharing /tmp, each running its workload as pid 1
+    assert protocol.socket_name(1, 4026532001) != protocol.socket_name(1, 4026532002)
+    own = protocol.pid_namespace()
+    assert own > 0 and protocol.pid_namespace(os.getpid()) == own
+    assert protocol.socket_name(os.getpid()) == f"agent-{own}-{os.getpid()}.sock"

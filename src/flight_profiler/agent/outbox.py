@@ -8,6 +8,7 @@ dropped, never waited for.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Any, Callable
@@ -26,6 +27,7 @@ class Outbox:
         self._thread: threading.Thread | None = None
         self.broken = False
         self.dropped = 0
+        self._closed = False  # set by flush: the sender ends at its next item
 
     def emit(self, data: dict[str, Any]) -> None:
         """Queue one event; raises OSError once the client is gone (the request then cancels)."""
@@ -45,7 +47,7 @@ class Outbox:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
-            if item is _STOP:
+            if item is _STOP or self._closed:
                 return
             if self.broken:
                 continue  # drain: keep no reference to the events
@@ -69,8 +71,13 @@ class Outbox:
         thread.join(timeout)
         if thread.is_alive():  # stuck in a send to a client that does not read
             self.broken = True
+        self._closed = True
         while True:  # whatever is left holds data from the target: let it go
             try:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
+        # The drain may have taken the stop marker: a sender still stuck in a send would then
+        # wait in get() forever once the send returns. Leave it a marker to end on.
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(_STOP)

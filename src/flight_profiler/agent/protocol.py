@@ -51,12 +51,40 @@ def socket_dir(uid: int, root: str = "/") -> str:
     return os.path.join(root, "tmp", f"flight_profiler-{uid}")
 
 
-def socket_path(pid: int, uid: int, root: str = "/") -> str:
-    return os.path.join(socket_dir(uid, root), f"agent-{pid}.sock")
+def pid_namespace(pid: int | str = "self") -> int:
+    """Inode of ``pid``'s pid namespace (0 if unknown): two processes with the same pid in two
+    namespaces (containers sharing /tmp, both pid 1) differ by it."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
-def log_path(pid: int, uid: int, root: str = "/") -> str:
-    return os.path.join(socket_dir(uid, root), f"agent-{pid}.log")
+def agent_key(pid: int, pidns: int | None = None) -> str:
+    """What names one process's files in the private directory: ``<pid namespace>-<pid>``."""
+    ns = pid_namespace() if pidns is None else pidns
+    return f"{ns}-{pid}" if ns else str(pid)
+
+
+def socket_name(pid: int, pidns: int | None = None) -> str:
+    return f"agent-{agent_key(pid, pidns)}.sock"
+
+
+def log_name(pid: int, pidns: int | None = None) -> str:
+    return f"agent-{agent_key(pid, pidns)}.log"
+
+
+def lock_name(pid: int, pidns: int | None = None) -> str:
+    return f".attach-{agent_key(pid, pidns)}.lock"
+
+
+def socket_path(pid: int, uid: int, root: str = "/", pidns: int | None = None) -> str:
+    """``pidns`` defaults to the caller's own pid namespace."""
+    return os.path.join(socket_dir(uid, root), socket_name(pid, pidns))
+
+
+def log_path(pid: int, uid: int, root: str = "/", pidns: int | None = None) -> str:
+    return os.path.join(socket_dir(uid, root), log_name(pid, pidns))
 
 
 def process_start_time(pid: int) -> int:
@@ -96,21 +124,25 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def recv(sock: socket.socket) -> dict[str, Any] | None:
-    """Read one message; ``None`` on a clean end of stream."""
+class FrameTooLarge(ProtocolError):
+    """A frame announced beyond the reader's limit (its body was not read)."""
+
+
+def recv(sock: socket.socket, limit: int = MAX_FRAME_BYTES) -> dict[str, Any] | None:
+    """Read one message of at most ``limit`` bytes; ``None`` on a clean end of stream."""
     header = _recv_exact(sock, _HEADER.size)
     if header is None:
         return None
     (length,) = _HEADER.unpack(header)
-    if length > MAX_FRAME_BYTES:
-        raise ProtocolError(f"announced frame of {length} bytes exceeds the limit")
+    if length > limit:
+        raise FrameTooLarge(f"a message of {length} bytes exceeds the limit of {limit}")
     body = _recv_exact(sock, length)
     if body is None:
         raise ProtocolError("connection closed before the frame body")
     try:
         message = json.loads(body.decode("utf-8"))
-    except ValueError as exc:
-        raise ProtocolError(f"frame is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise ProtocolError(f"frame is not JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError("frame is not a JSON object")
     return message

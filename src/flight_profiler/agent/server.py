@@ -8,7 +8,11 @@ Each connection gets a reader thread; each request runs in its own worker thread
 reader can still see ``cancel`` or a disconnect and cancel the request. ``detach`` removes every
 hook, closes the socket and ends the threads: a later attach injects afresh.
 
-Logs go to protocol.log_path only, never to the target's stdout/stderr.
+Logs go to protocol.log_path only (bounded: one rotation), never to the target's stdout/stderr.
+
+The socket can vanish under a running agent (a tmp cleaner; a twin in another pid namespace once
+shared the name): a later attach runs the bootstrap again, whose ``start`` finds the server
+running and binds it a fresh socket. Sockets are named after the pid namespace and the pid.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import logging.handlers
 import os
 import socket
 import stat
@@ -25,13 +30,14 @@ import threading
 import time
 from typing import Any
 
-from . import protocol, registry
+from . import limits, protocol, registry
 from .outbox import Outbox
 
 AGENT_VERSION = "0.1.0"
 THREAD_PREFIX = "flight_profiler-"  # the agent's threads; `stack` hides them by default
 _HELLO_TIMEOUT = 10.0
 _UCRED = struct.Struct("3i")
+_LOG_BYTES = 1 << 20  # the log rotates once past this: at most twice this on disk
 
 log = logging.getLogger("flight_profiler.agent")
 
@@ -39,6 +45,7 @@ _lock = threading.Lock()
 _server: Server | None = None
 _fork_hook_installed = False
 _atexit_installed = False
+_in_use_fd: int | None = None
 
 
 class Server:
@@ -46,7 +53,10 @@ class Server:
         self.pid = os.getpid()
         self.uid = os.geteuid()
         self.start_time = protocol.process_start_time(self.pid)
-        self.path = protocol.socket_path(self.pid, self.uid)
+        self.directory = protocol.socket_dir(self.uid)
+        self.path = _socket_path(self.directory, params)
+        self.log_path = _log_path(self.directory, params)
+        self._bound: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we bound
         self.state = registry.AgentState(AGENT_VERSION)
         self.params = dict(params)
         self.listener: socket.socket | None = None
@@ -58,9 +68,16 @@ class Server:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
-        directory = protocol.socket_dir(self.uid)
-        ensure_private_dir(directory, self.uid)
-        tmp = os.path.join(directory, f".agent-{self.pid}-{threading.get_ident()}.tmp")
+        self.listener = self._bind()
+        self.thread = threading.Thread(
+            target=self._serve, name=THREAD_PREFIX + "server", daemon=True
+        )
+        self.thread.start()
+        log.info("agent %s listening on %s", AGENT_VERSION, self.path)
+
+    def _bind(self) -> socket.socket:
+        ensure_private_dir(self.directory, self.uid)
+        tmp = os.path.join(self.directory, f".agent-{self.pid}-{threading.get_ident()}.tmp")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with contextlib.suppress(FileNotFoundError):
@@ -68,17 +85,41 @@ class Server:
             listener.bind(tmp)
             os.chmod(tmp, 0o600)
             listener.listen(16)
+            st = os.lstat(tmp)
             # rename is atomic and replaces a stale socket left by a dead process of this pid
             os.rename(tmp, self.path)
         except BaseException:
             listener.close()
             raise
-        self.listener = listener
-        self.thread = threading.Thread(
-            target=self._serve, name=THREAD_PREFIX + "server", daemon=True
-        )
-        self.thread.start()
-        log.info("agent %s listening on %s", AGENT_VERSION, self.path)
+        self._bound = (st.st_dev, st.st_ino)
+        return listener
+
+    def socket_intact(self) -> bool:
+        """Whether our socket file is still where clients look for it."""
+        return self.socket_intact_at(self.path)
+
+    def rebind(self, params: dict[str, Any]) -> None:
+        """Give a running server its socket back (under the name ``params`` asks for)."""
+        path = _socket_path(self.directory, params)
+        if path == self.path and self.socket_intact():
+            return
+        old_path, self.path = self.path, path
+        if old_path != path and self.socket_intact_at(old_path):
+            with contextlib.suppress(OSError):
+                os.unlink(old_path)
+        listener = self._bind()
+        old, self.listener = self.listener, listener
+        if old is not None:  # wakes the accept loop, which then takes the new listener
+            _shutdown_quietly(old)
+            old.close()
+        log.info("socket lost: listening again on %s", self.path)
+
+    def socket_intact_at(self, path: str) -> bool:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._bound
 
     def running(self) -> bool:
         return self.listener is not None and not self._stopping.is_set()
@@ -110,8 +151,9 @@ class Server:
         return removed
 
     def _unlink_if_ours(self) -> None:
-        # Only the process that created the socket may remove it (never a forked child).
-        if os.getpid() != self.pid:
+        # Only the process that created the socket may remove it (never a forked child), and
+        # only if the file there is still the one it bound (not a twin's).
+        if os.getpid() != self.pid or not self.socket_intact():
             return
         with contextlib.suppress(OSError):
             os.unlink(self.path)
@@ -124,13 +166,17 @@ class Server:
             log.exception("server thread failed")
 
     def _accept_loop(self) -> None:
-        listener = self.listener
-        while listener is not None and not self._stopping.is_set():
+        while not self._stopping.is_set():
+            listener = self.listener
+            if listener is None:
+                break
             try:
                 conn, _ = listener.accept()
             except OSError:
                 if self._stopping.is_set():
                     break
+                if listener is not self.listener:
+                    continue  # rebound: serve the new socket
                 time.sleep(0.05)  # e.g. EMFILE: do not spin
                 continue
             threading.Thread(
@@ -200,14 +246,20 @@ class Connection:
 
     def run(self) -> None:
         self.conn.settimeout(_HELLO_TIMEOUT)
-        hello = protocol.recv(self.conn)
+        hello = protocol.recv(self.conn, limits.MAX_REQUEST_BYTES)
         if hello is None or hello.get("type") != "hello":
             return
         self.send(self.server.hello())
         self.conn.settimeout(None)
         try:
             while True:
-                message = protocol.recv(self.conn)
+                try:
+                    message = protocol.recv(self.conn, limits.MAX_REQUEST_BYTES)
+                except protocol.FrameTooLarge as exc:
+                    # its body was not read: the stream is out of step, hang up after saying why
+                    self._error(None, protocol.ERR_USAGE, f"request refused: {exc}",
+                                "send smaller requests (shorter expressions)")
+                    return
                 if message is None:
                     return
                 if not self._dispatch(message):
@@ -236,6 +288,11 @@ class Connection:
                        "data": {"detached": True, "hooks_removed": removed}})
             return False
         args = message.get("args") or {}
+        problem = limits.request_problem(args)
+        if problem:
+            self._error(req_id, protocol.ERR_USAGE, f"{cmd}: request refused: {problem}",
+                        "shorten or simplify it")
+            return True
         outbox = Outbox(self.send, req_id, THREAD_PREFIX + "events")
         ctx = registry.Context(args if isinstance(args, dict) else {},
                                emit=outbox.emit, agent=self.server.state)
@@ -267,7 +324,7 @@ class Connection:
                 log.exception("command %r failed", cmd)
                 self._error(req_id, protocol.ERR_INTERNAL,
                             f"internal error in the agent: {type(exc).__name__}: {exc}",
-                            f"see the agent log {protocol.log_path(self.server.pid, self.server.uid)}")
+                            f"see the agent log {self.server.log_path}")
                 return
             self._busy = False
             try:
@@ -316,7 +373,8 @@ def _setup_logging(path: str) -> None:
     for handler in list(log.handlers):
         log.removeHandler(handler)
         handler.close()
-    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=_LOG_BYTES, backupCount=1,
+                                                   encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
     log.addHandler(handler)
 
@@ -350,16 +408,56 @@ def running() -> bool:
     return server is not None and server.running() and os.getpid() == server.pid
 
 
+def _socket_path(directory: str, params: dict[str, Any]) -> str:
+    name = params.get("sock")
+    if not isinstance(name, str) or not name:
+        name = protocol.socket_name(os.getpid())
+    return os.path.join(directory, os.path.basename(name))
+
+
+def _log_path(directory: str, params: dict[str, Any]) -> str:
+    name = params.get("log")
+    if not isinstance(name, str) or not name:
+        name = protocol.log_name(os.getpid())
+    return os.path.join(directory, os.path.basename(name))
+
+
+def _hold_staged_copy(params: dict[str, Any]) -> None:
+    """Hold a shared lock on our staged copy's marker for the process's life, so that a CLI
+    cleaning old versions leaves it alone (modules of it may still be imported lazily)."""
+    global _in_use_fd
+    pkg = params.get("pkg")
+    if _in_use_fd is not None or not isinstance(pkg, str):
+        return
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(os.path.dirname(pkg), "in-use"),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:  # never wait here: this may run on the target's main thread
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    _in_use_fd = fd
+
+
 def start(params: dict[str, Any]) -> None:
-    """Start serving unless an agent already does (idempotent)."""
+    """Start serving unless an agent already does (idempotent); give a running one whose
+    socket vanished a new socket."""
     global _server, _fork_hook_installed, _atexit_installed
     with _lock:
         if running():
+            assert _server is not None
+            _server.rebind(params)
             return
-        uid, pid = os.geteuid(), os.getpid()
+        uid = os.geteuid()
         ensure_private_dir(protocol.socket_dir(uid), uid)
-        _setup_logging(protocol.log_path(pid, uid))
         server = Server(params)
+        _setup_logging(server.log_path)
+        _hold_staged_copy(params)
         server.open()
         _server = server
         if not _fork_hook_installed:

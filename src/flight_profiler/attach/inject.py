@@ -116,10 +116,10 @@ def inject(target: TargetInfo, method: str, deadline: float,
         gdb_selftest.check(gdb_path, say)
         helper_path, helper_note = helper_mod.find_helper()
         say(f"helper library: {helper_path or 'none'} ({helper_note})")
-    staged = staging.stage(target.uid, target.ns_pid, target.root, helper_path)
+    staged = staging.stage(target.uid, target.ns_pid, target.root, helper_path, target.pid_ns)
     say(f"agent staged at {staged.pkg}")
     base: dict[str, object] = {"pkg": staged.pkg, "log": staged.log, "deadline": deadline,
-                               "version": "0.1.0"}
+                               "version": "0.1.0", "sock": staged.sock}
     if chosen == "remote_exec":
         remote_exec.inject(target.pid, bootstrap_text(base),
                            protocol.socket_dir(target.uid, target.root),

@@ -42,6 +42,7 @@ class TargetInfo:
     root: str  # "/proc/PID/root" when the target lives in another mount namespace, else "/"
     cmdline: list[str] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
+    pid_ns: int = 0  # inode of its pid namespace: with ns_pid, names its files (0: unknown)
 
     @property
     def version_str(self) -> str:
@@ -56,6 +57,7 @@ class Status:
     ns_pid: int
     cap_eff: int
     tgid: int = 0
+    cap_prm: int = 0
 
 
 def parse_status(text: str) -> Status:
@@ -72,6 +74,7 @@ def parse_status(text: str) -> Status:
         ns_pid=int(ns[-1]) if ns else 0,
         cap_eff=int(fields.get("CapEff", "0"), 16),
         tgid=int(fields.get("Tgid", "0") or 0),
+        cap_prm=int(fields.get("CapPrm", "0"), 16),
     )
 
 
@@ -140,10 +143,25 @@ def check_ptrace_allowed(status: Status, caller_uid: int, caller_caps: int, pid:
         )
     if has_cap:
         return
+    lacking = status.cap_prm & ~caller_caps
+    if caller_uid == 0 and (lacking or any(uid != 0 for uid in status.uids[:3])):
+        # root in a container (or a sandbox) without CAP_SYS_PTRACE: the uid is not the cause
+        raise PermissionDenied(
+            f"you are root but without the CAP_SYS_PTRACE capability, which attaching to "
+            f"process {pid} needs" + (" (it holds capabilities you lack)" if lacking else ""),
+            "in Docker run the container with `--cap-add=SYS_PTRACE` (Kubernetes: "
+            "securityContext.capabilities.add: [SYS_PTRACE]), or run from the host as root",
+        )
     if any(uid != caller_uid for uid in status.uids[:3]):
         raise PermissionDenied(
             f"process {pid} belongs to uid {status.uids[1]}, you are uid {caller_uid}",
             f"run as that user or with sudo: `sudo flight_profiler {pid}`",
+        )
+    if lacking:
+        raise PermissionDenied(
+            f"process {pid} holds capabilities you lack (CapPrm {status.cap_prm:#x}); only a "
+            "caller with CAP_SYS_PTRACE may attach to it",
+            f"run with sudo: `sudo flight_profiler {pid}`",
         )
     if scope == 2:
         raise PermissionDenied(
@@ -247,7 +265,7 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
                 environ[key.decode(errors="replace")] = value.decode(errors="replace")
     except OSError:
         pass
-    from flight_profiler.agent.protocol import process_start_time
+    from flight_profiler.agent.protocol import pid_namespace, process_start_time
 
     try:
         start_time = process_start_time(pid)
@@ -257,5 +275,5 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
         pid=pid, uid=status.uids[1], state=status.state, tracer_pid=status.tracer_pid,
         ns_pid=status.ns_pid or pid, start_time=start_time, exe=exe, version=version,
         libpython=libpython, root=target_root(pid), cmdline=[c for c in cmdline if c],
-        environ=environ,
+        environ=environ, pid_ns=pid_namespace(pid),
     )

@@ -50,9 +50,10 @@ def inject(pid: int, text: str, script_dir: str, inner_dir: str) -> None:
         raise AttachFailed("this Python has no sys.remote_exec (needs 3.14+)",
                            "use --method gdb")
     fd, outer = tempfile.mkstemp(prefix="bootstrap-", suffix=".py", dir=script_dir)
+    # fchmod, not chmod: the directory is the target user's, who could swap the name for a link
+    os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.chmod(outer, 0o644)
     inner = os.path.join(inner_dir, os.path.basename(outer))
     try:
         remote_exec(pid, inner)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.errors import ExitCode, FlightProfilerError
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable output: events as JSON lines, then the result as one JSON "
                    'document; errors as {"error": {...}}.')
-@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(0.1, 3600), default=10.0, show_default=True,
               help="Seconds to wait for the agent to come up.")
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
               help="How to inject: auto picks sys.remote_exec (Python 3.14, same version as the "
@@ -114,6 +115,9 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
             req = parse(command_line)
         except HelpShown as shown:
             sys.exit(shown.code)
+        if req.cmd == "detach":
+            _detach(pid, timeout, verbose, as_json)
+            return
         session = connect(pid, timeout=timeout, method=method, verbose=verbose)
         try:
             completed = execute(session, req, as_json)
@@ -127,5 +131,25 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
     session = connect(pid, timeout=timeout, method=method, verbose=verbose)
     try:
         run_shell(session, as_json)
+    finally:
+        session.close()
+
+
+def _detach(pid: int, timeout: float, verbose: bool, as_json: bool) -> None:
+    """`detach` never injects: with no agent answering there is nothing to remove."""
+    from flight_profiler.api import NotAttached, connect
+    from flight_profiler.cli.agent_commands import parse
+
+    try:
+        session = connect(pid, timeout=timeout, verbose=verbose, inject=False)
+    except NotAttached as exc:
+        if as_json:
+            _print_json({"detached": False, "reason": exc.message, "hint": exc.hint})
+        else:
+            console().print(f"nothing to detach: {exc.message}\n  hint: {exc.hint}",
+                            markup=False, highlight=False)
+        return
+    try:
+        execute(session, parse("detach"), as_json)
     finally:
         session.close()

@@ -7,6 +7,7 @@ import time
 
 import click
 
+from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.workloads import DEFAULT_DEMO, WORKLOADS
 
 
@@ -23,9 +24,9 @@ from flight_profiler.workloads import DEFAULT_DEMO, WORKLOADS
                    "[default: ./flight_profiler-demo-WORKLOAD-YYYYmmdd-HHMMSS].")
 @click.option("--calls", type=click.IntRange(1, 1000), default=10, show_default=True,
               help="Calls of the step each phase observes.")
-@click.option("--duration", type=click.FloatRange(0.5, 600), default=5.0, show_default=True,
+@click.option("--duration", type=FiniteFloatRange(0.5, 600), default=5.0, show_default=True,
               help="Least seconds between the before/after tensor censuses.")
-@click.option("--timeout", type=click.FloatRange(1, 600), default=60.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(1, 600), default=60.0, show_default=True,
               help="Seconds to wait for the workload to start, to attach, and per phase.")
 def demo(workload: str, out_dir: str | None, calls: int, duration: float, timeout: float) -> None:
     """Start a sample PyTorch workload with a planted problem, diagnose it, show the report.

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -40,10 +41,10 @@ ATTACH_TIMEOUT_MIN = 10.0
                    "[default: ./flight_profiler-PID-YYYYmmdd-HHMMSS].")
 @click.option("--calls", type=click.IntRange(1, 10_000), default=10, show_default=True,
               help="Calls of the method each phase observes (profile, record, watch, trace).")
-@click.option("--duration", type=click.FloatRange(0.1, 3600), default=5.0, show_default=True,
+@click.option("--duration", type=FiniteFloatRange(0.1, 3600), default=5.0, show_default=True,
               help="Seconds: the profile window when no method is given, and the least time "
                    "between the before/after censuses (growth needs time).")
-@click.option("--timeout", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(0.5, 3600), default=30.0, show_default=True,
               help="Seconds each phase may wait for the method to be called (and to attach, at least 10).")
 @click.option("--fail-on", type=click.Choice(SEVERITIES), default=None,
               help="Exit with code 9 when a finding is at least this severe (for CI).")

@@ -81,6 +81,12 @@ def help_text(topic: str | None = None) -> str:
 
 def parse(command_line: str) -> AgentRequest:
     """Parse ``"watch __main__ train_step -n 3"`` into the request to send to the agent."""
+    from flight_profiler.agent.limits import MAX_REQUEST_BYTES
+
+    if len(command_line) > MAX_REQUEST_BYTES // 4:
+        # before shlex, whose cost grows with the text: the agent would refuse it anyway
+        raise UsageError(f"command of {len(command_line)} characters (limit "
+                         f"{MAX_REQUEST_BYTES // 4})", "shorten it: fewer or shorter expressions")
     try:
         words = shlex.split(command_line)
     except ValueError as exc:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
+from flight_profiler.cli.params import FiniteFloatRange
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -106,7 +107,7 @@ def render_memory(data: dict[str, Any], console: Console) -> None:
 @click.option("--max-entries", type=click.IntRange(1), help="History ring buffer size (CUDA).")
 @click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to record (-r).")
 @click.option("-f", "--file", "file", help="Output file (default: fp-<pid>-memory-<time>.pickle in this directory).")
-@click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls (-r).")
+@click.option("--timeout", type=FiniteFloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls (-r).")
 @click.option("--label", default="", help="Label stored in the file.")
 def memory(target: tuple[str, ...], snapshot: bool, record: bool, record_history: str | None,
            max_entries: int | None, calls: int, file: str | None, timeout: float, label: str) -> AgentRequest:
@@ -216,7 +217,7 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
 @click.option("--diff", "diff", type=click.Path(dir_okay=False), help="A previous census JSON: show what grew.")
 @click.option("-f", "--file", "file", help="Output JSON (default: fp-<pid>-census-<time>.json in this directory).")
 @click.option("--label", default="", help="Label stored in the census.")
-@click.option("--budget", type=click.FloatRange(0.1), default=5.0, show_default=True, help="Time budget in seconds.")
+@click.option("--budget", type=FiniteFloatRange(0.1), default=5.0, show_default=True, help="Time budget in seconds.")
 def tensors(top: int, by: str, diff: str | None, file: str | None, label: str, budget: float) -> AgentRequest:
     """Census of live tensors and who holds them (leak finder); --diff PREVIOUS.json for growth.
 
@@ -273,7 +274,7 @@ def _schedule(text: str | None) -> list[int] | None:
 
 @click.command("torch profile", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target", nargs=-1)
-@click.option("--duration", type=click.FloatRange(0.01, 3600), help="Profile all threads for SECONDS instead of a method.")
+@click.option("--duration", type=FiniteFloatRange(0.01, 3600), help="Profile all threads for SECONDS instead of a method.")
 @click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to profile.")
 @click.option("-f", "--file", "file", help="Output trace (default: fp-<pid>-profile-<time>.pt.trace.json.gz here).")
 @click.option("--record-shapes", is_flag=True, help="Record operator input shapes.")
@@ -282,7 +283,7 @@ def _schedule(text: str | None) -> list[int] | None:
 @click.option("--sort-by", type=click.Choice(["self_cpu", "cpu_total", "self_cuda", "count"]),
               help="Sort key of the operator table (default self_cuda with CUDA, else self_cpu).")
 @click.option("--row-limit", type=click.IntRange(1), default=15, show_default=True, help="Rows of the operator table.")
-@click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
+@click.option("--timeout", type=FiniteFloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
 @click.option("--schedule", help="wait,warmup,active[,repeat]: ProfilerStep per call (training steps).")
 @click.option("--tensorboard", type=click.Path(file_okay=False), help="Write DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz.")
 @click.option("--label", default="", help="Trace name (and TensorBoard run name).")

@@ -15,6 +15,7 @@ from flight_profiler.cli.agent_commands.watch import (
     stamp,
     summary,
 )
+from flight_profiler.cli.params import FiniteFloatRange
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -108,7 +109,7 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
 
 @click.command(name="trace", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("words", nargs=-1, required=True, metavar="MODULE [CLASS] METHOD")
-@click.option("-i", "--min-ms", type=click.FloatRange(0), default=0.1, show_default=True,
+@click.option("-i", "--min-ms", type=FiniteFloatRange(0), default=0.1, show_default=True,
               help="Hide subtrees faster than this many ms (summarised as one line with a count).")
 @click.option("-d", "--depth", type=click.IntRange(0), default=0,
               help="Show at most this many levels below the traced call (0: all).")
@@ -117,7 +118,7 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
 @click.option("-f", "--filter", "condition", metavar="CONDITION",
               help="Only calls where this expression is true (names as in watch: params, kwargs, "
                    "target, return_obj, throw_exp, cost).")
-@click.option("--timeout", type=click.FloatRange(0, min_open=True), metavar="S",
+@click.option("--timeout", type=FiniteFloatRange(0, min_open=True), metavar="S",
               help="Stop after S seconds.")
 @click.option("--c-calls", is_flag=True,
               help="Include C functions (builtins, torch ops such as torch._C._nn.linear).")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
+from flight_profiler.cli.params import FiniteFloatRange
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -18,15 +19,23 @@ EXPR_NAMES = "params (or args), kwargs, return_obj, throw_exp, target, cost (ms)
 
 def check_expression(text: str, option: str) -> None:
     """Reject a malformed expression before attaching (syntax only: nothing is evaluated)."""
+    from flight_profiler.agent.limits import expression_problem
     from flight_profiler.errors import UsageError
 
+    problem = expression_problem(text)  # first: compiling a huge or deep one is the harm
+    if problem:
+        raise UsageError(f"{option}: {problem}", "shorten or simplify it")
     try:
         compile(text, f"<{option}>", "eval")
-    except SyntaxError as exc:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise UsageError(
-            f"invalid {option} expression {text!r}: {exc.msg}",
+            f"invalid {option} expression {_short(text)}: {getattr(exc, 'msg', None) or exc}",
             f"{option} takes Python expressions over {EXPR_NAMES}",
         ) from None
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
 
 
 def split_exprs(text: str) -> list[str]:
@@ -161,7 +170,7 @@ def summary(data: dict[str, Any], what: str) -> str:
               help="Depth to which containers and objects are expanded.")
 @click.option("-n", "--count", type=click.IntRange(1), metavar="COUNT",
               help="Stop after COUNT matching calls (calls the filter rejects do not count).")
-@click.option("--timeout", type=click.FloatRange(0, min_open=True), metavar="S",
+@click.option("--timeout", type=FiniteFloatRange(0, min_open=True), metavar="S",
               help="Stop after S seconds.")
 @click.option("-nm", "--nested", metavar="NAME",
               help="Watch the function NAME defined inside METHOD (dotted for deeper).")
@@ -177,7 +186,14 @@ def watch(words: tuple[str, ...], expr: str | None, condition: str | None, excep
     Stops at -n, --timeout or Ctrl-C; the hook is removed in every case.
     """
     if expr:
-        for part in split_exprs(expr):
+        from flight_profiler.agent.limits import MAX_EXPRESSIONS
+        from flight_profiler.errors import UsageError
+
+        parts = split_exprs(expr)
+        if len(parts) > MAX_EXPRESSIONS:
+            raise UsageError(f"--expr: {len(parts)} expressions (limit {MAX_EXPRESSIONS})",
+                             "watch fewer expressions at once")
+        for part in parts:
             check_expression(part, "--expr")
     if condition:
         check_expression(condition, "-f")

@@ -1,0 +1,85 @@
+"""The command group: ``flight_profiler <pid> [--cmd "..."]`` plus the offline subcommands.
+
+Subcommands are imported on first use so that ``--help`` and a reconnect stay fast (no torch, no
+rich tables they do not need).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from flight_profiler import __version__
+
+# name -> "module:attribute" of a click command, imported lazily.
+_SUBCOMMANDS: dict[str, str] = {
+    "attach": "flight_profiler.cli.attach_cmd:attach",
+    "report": "flight_profiler.cli.report_cmd:report",
+    "diagnose": "flight_profiler.cli.diagnose_cmd:diagnose",
+    "demo": "flight_profiler.cli.demo_cmd:demo",
+}
+
+_SHORT_HELP: dict[str, str] = {
+    "attach": "Attach to PID and run --cmd, or open a shell (same as `flight_profiler PID`).",
+    "report": "Diagnose traces, memory snapshots and tensor censuses.",
+    "diagnose": "Run the whole diagnosis workflow against a live process.",
+    "demo": "Start a bundled sample workload, diagnose it and show the report.",
+}
+
+
+class _Group(click.Group):
+    """A group whose first argument may be a pid: ``flight_profiler 1234 ...`` means attach."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0].isdigit():
+            args = ["attach", *args]
+        return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            return None
+        command: click.Command = getattr(module, attr)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help from a table, so that `--help` does not import every subcommand.
+        rows = [(name, _SHORT_HELP[name]) for name in _SUBCOMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=(
+        "Examples:\n\n"
+        '  flight_profiler 1234 --cmd "stack"\n\n'
+        '  flight_profiler 1234 --cmd "torch memory -s -f snap.pickle"\n\n'
+        "  flight_profiler 1234            (interactive shell; type `help`)\n\n"
+        "  flight_profiler report trace.json.gz snap.pickle\n\n"
+        "  flight_profiler diagnose 1234 train train_step --out diag/\n\n"
+        "Exit codes (docs/exit-codes.md): 0 ok, 1 command failed, 2 usage, 3 no such process, "
+        "4 permission, 5 not Python, 6/7 attach failed/timed out, 8 unreadable input file, "
+        "9 findings reached --fail-on, 10 agent lost, 11 target has no torch, 130 interrupted."
+    ),
+)
+@click.version_option(__version__, prog_name="flight_profiler")
+def cli() -> None:
+    """Look inside a running PyTorch job without restarting it.
+
+    flight_profiler PID [--cmd "COMMAND"] attaches a small agent to the live Python process PID
+    and runs COMMAND (stack, watch, trace, torch memory, torch tensors, torch profile, status,
+    detach); without --cmd it opens an interactive shell.
+    """
