@@ -203,33 +203,37 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def test_sweep_removes_what_dead_processes_left_and_keeps_the_living(tmp_path) -> None:
-    root = tmp_path
+def test_sweep_removes_what_dead_processes_left_and_keeps_the_living() -> None:
+    # a short root: the socket path bound below must fit AF_UNIX's 108 bytes
+    root = Path(tempfile.mkdtemp(prefix="fp-sw-"))
     (root / "tmp").mkdir()
     uid = os.geteuid()
     ns = protocol.pid_namespace()
-    with AgentDir.open(uid, str(root)) as directory:
-        private = Path(directory.path)
-        dead, alive = _dead_pid(), os.getpid()
-        names = {pid: [protocol.socket_name(pid, ns), protocol.log_name(pid, ns),
-                       protocol.lock_name(pid, ns), f"agent-{pid}.log", f".attach-{pid}.lock"]
-                 for pid in (dead, alive)}
-        for pid_names in names.values():
-            for name in pid_names:
-                (private / name).write_text("")
-        # a socket of another pid namespace whose agent is gone: connect is refused
-        import socket
+    try:
+        with AgentDir.open(uid, str(root)) as directory:
+            private = Path(directory.path)
+            dead, alive = _dead_pid(), os.getpid()
+            names = {pid: [protocol.socket_name(pid, ns), protocol.log_name(pid, ns),
+                           protocol.lock_name(pid, ns), f"agent-{pid}.log", f".attach-{pid}.lock"]
+                     for pid in (dead, alive)}
+            for pid_names in names.values():
+                for name in pid_names:
+                    (private / name).write_text("")
+            # a socket of another pid namespace whose agent is gone: connect is refused
+            import socket
 
-        foreign = protocol.socket_name(1, ns + 1)
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(private / foreign))
-        s.close()  # bound, never listening: ECONNREFUSED
-        (private / protocol.log_name(1, ns + 1)).write_text("")
-        removed = cleanup.sweep(directory)
-        left = set(os.listdir(private))
-        assert set(names[dead]) <= set(removed) and not set(names[dead]) & left
-        assert set(names[alive]) <= left
-        assert foreign not in left and protocol.log_name(1, ns + 1) not in left
+            foreign = protocol.socket_name(1, ns + 1)
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(str(private / foreign))
+            s.close()  # bound, never listening: ECONNREFUSED
+            (private / protocol.log_name(1, ns + 1)).write_text("")
+            removed = cleanup.sweep(directory)
+            left = set(os.listdir(private))
+            assert set(names[dead]) <= set(removed) and not set(names[dead]) & left
+            assert set(names[alive]) <= left
+            assert foreign not in left and protocol.log_name(1, ns + 1) not in left
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_old_staged_copies_go_unless_an_agent_holds_them(tmp_path, monkeypatch) -> None:
