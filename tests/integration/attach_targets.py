@@ -124,6 +124,30 @@ def fp_gil_hog_main():
     finish()
 
 
+def fp_malloc_worker():
+    # allocator calls in a tight loop, the GIL released around each one (ctypes does that):
+    # the injector's own allocations in the main thread meet this thread inside malloc
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    while not stopping():
+        for _ in range(2000):
+            libc.free(libc.malloc(4096))
+        beat()
+
+
+def fp_malloc_main():
+    import threading
+    t = threading.Thread(target=fp_malloc_worker, name="fp-malloc")
+    t.start()
+    say("READY")
+    while not stopping():
+        time.sleep(0.05)
+    t.join()
+    finish()
+
+
 globals()["fp_" + STATE + "_main"]()
 '''
 
@@ -135,4 +159,5 @@ STATES: dict[str, str] = {
     "accept": "fp_accept_main",
     "asyncio": "fp_asyncio_main",  # suspended coroutines are not on any thread stack
     "gil_hog": "fp_gil_hog_worker",
+    "malloc": "fp_malloc_worker",
 }

@@ -80,7 +80,7 @@ def _finish(t, stop: Path) -> None:
 def _no_gdb_cases() -> list[object]:
     cases: list[object] = []
     for version in INTERPRETERS:
-        for state in ("sleeping", "busy", "join", "accept", "asyncio", "gil_hog"):
+        for state in ("sleeping", "busy", "join", "accept", "asyncio", "gil_hog", "malloc"):
             marks = [pytest.mark.slow] if state == "gil_hog" else []
             cases.append(pytest.param(version, state, marks=marks, id=f"{version}-{state}"))
     return cases
@@ -151,6 +151,24 @@ def test_numeric_results_stay_exact_through_many_attaches(spawn_target, tmp_path
     last = re.findall(r"^checks (\d+) bad (\d+)$", t.stdout, re.M)
     assert last and int(last[-1][0]) >= 100 and last[-1][1] == "0"
     assert t.stderr == ""
+
+
+@pytest.mark.timeout(400)
+def test_repeated_attach_detach_on_mixed_states_kills_nothing(state_target, tmp_path) -> None:
+    # GIVEN targets in every state at once, on the oldest and newest Python here
+    env = no_gdb_env(tmp_path)
+    by_age = sorted(PYTHONS, key=lambda v: tuple(int(x) for x in v.split(".")))
+    targets = [state_target(v, s) for v in {by_age[0], by_age[-1]}
+               for s in ("sleeping", "busy", "join", "asyncio", "malloc")]
+    # WHEN each is attached to and detached from three times, round robin
+    for _ in range(3):
+        for t, _stop in targets:
+            proc = run_cli(str(t.pid), "--cmd", "status", "--timeout", "30", env=env)
+            assert proc.returncode == 0, proc.stderr
+            assert run_cli(str(t.pid), "--cmd", "detach", env=env).returncode == 0
+    # THEN all of them run on and end normally
+    for t, stop in targets:
+        _finish(t, stop)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
