@@ -1,0 +1,225 @@
+"""Find Python processes and the ranks of distributed jobs (torchrun / elastic agent), with psutil.
+
+A torchrun job on one node is an elastic agent (``python -m torch.distributed.run`` or
+``torchrun``) whose children are the ranks; each rank's environment carries RANK, LOCAL_RANK,
+WORLD_SIZE, TORCHELASTIC_RUN_ID and MASTER_ADDR/PORT. Ranks are grouped into a job by
+(run id, master address, master port), so that ranks started by other launchers (SLURM srun,
+mpirun, a hand-made script) are grouped as well.
+
+The pure functions (``group_jobs``, ``select_ranks``, ``parse_ranks``) take plain records, so
+they are unit-tested without live processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flight_profiler.errors import ProcessNotFound, UsageError
+
+_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_RE = re.compile(r"(^|/)torchrun$|torch\.distributed\.(run|launch)")
+_PYTHON_NAME = re.compile(r"python", re.IGNORECASE)
+
+
+@dataclass
+class ProcInfo:
+    """What a user needs to pick a process, and what groups ranks into jobs."""
+
+    pid: int
+    ppid: int
+    user: str
+    cmdline: list[str]
+    python: str | None  # "3.11", None when not recognised
+    torch: bool  # libtorch is mapped: torch is imported
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    run_id: str | None = None
+    master: str | None = None  # "addr:port"
+    launcher: bool = False  # a torchrun / elastic agent process
+    launcher_pid: int | None = None  # the rank's torchrun parent, if any
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Job:
+    """The ranks of one distributed job that live on this node."""
+
+    key: str
+    launcher_pid: int | None
+    world_size: int | None
+    ranks: list[ProcInfo] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "launcher_pid": self.launcher_pid, "world_size": self.world_size,
+                "ranks": [r.to_dict() for r in self.ranks]}
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def from_environ(info: ProcInfo, env: dict[str, str]) -> ProcInfo:
+    """Fill the distributed fields of ``info`` from a process environment."""
+    info.rank = _int(env.get("RANK"))
+    info.local_rank = _int(env.get("LOCAL_RANK"))
+    info.world_size = _int(env.get("WORLD_SIZE"))
+    info.run_id = env.get("TORCHELASTIC_RUN_ID")
+    if env.get("MASTER_ADDR") or env.get("MASTER_PORT"):
+        info.master = f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    return info
+
+
+def is_launcher(cmdline: list[str]) -> bool:
+    return any(_LAUNCHER_RE.search(part) for part in cmdline[:4])
+
+
+def job_key(info: ProcInfo) -> str | None:
+    """Ranks with the same key belong to one job; None for a process that is no rank."""
+    if info.rank is None:
+        return None
+    if info.run_id is None and info.master is None:
+        return f"launcher:{info.launcher_pid}" if info.launcher_pid else None
+    return f"{info.run_id or '-'}@{info.master or '-'}"
+
+
+def group_jobs(procs: list[ProcInfo]) -> list[Job]:
+    """Group the ranks into jobs, each ordered by rank (jobs ordered by launcher pid)."""
+    jobs: dict[str, Job] = {}
+    for p in procs:
+        key = job_key(p)
+        if key is None:
+            continue
+        job = jobs.get(key)
+        if job is None:
+            job = jobs[key] = Job(key, p.launcher_pid, p.world_size)
+        job.ranks.append(p)
+        if job.launcher_pid is None:
+            job.launcher_pid = p.launcher_pid
+    for job in jobs.values():
+        job.ranks.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
+    return sorted(jobs.values(), key=lambda j: (j.launcher_pid or 0, j.key))
+
+
+def job_of(pid: int, procs: list[ProcInfo]) -> Job:
+    """The job that ``pid`` belongs to: ``pid`` is a rank, or the launcher of the ranks."""
+    jobs = group_jobs(procs)
+    for job in jobs:
+        if job.launcher_pid == pid or any(r.pid == pid for r in job.ranks):
+            return job
+    if not any(p.pid == pid for p in procs):
+        raise ProcessNotFound(f"no process {pid} that this user may inspect",
+                              "check the pid with `flight_profiler ps`")
+    raise UsageError(f"process {pid} is neither a rank (no RANK in its environment) nor a "
+                     "torchrun launcher of ranks",
+                     "pass the pid of the torchrun launcher or of any rank "
+                     "(`flight_profiler ps` lists them by job)")
+
+
+def parse_ranks(spec: str) -> set[int]:
+    """``"0,3-5"`` -> {0, 3, 4, 5}."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise ValueError
+                out.update(range(a, b + 1))
+            else:
+                out.add(int(lo))
+        except ValueError:
+            raise UsageError(f"bad --ranks value {part!r}",
+                             "use rank numbers and ranges, e.g. --ranks 0,3-5") from None
+    if not out:
+        raise UsageError("--ranks names no rank", "e.g. --ranks 0,3-5")
+    return out
+
+
+def select_ranks(job: Job, wanted: set[int] | None) -> list[ProcInfo]:
+    if wanted is None:
+        return list(job.ranks)
+    picked = [r for r in job.ranks if r.rank in wanted]
+    missing = sorted(wanted - {r.rank for r in picked if r.rank is not None})
+    if missing:
+        here = ", ".join(str(r.rank) for r in job.ranks)
+        raise UsageError(f"rank(s) {format_ranks(missing)} are not on this node (here: {here})",
+                         "run flight_profiler on the node that hosts them, or pick among these")
+    return picked
+
+
+def format_ranks(ranks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    out: list[str] = []
+    values = sorted(set(ranks))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+# -- live processes (psutil) ----------------------------------------------------------------
+
+def _python_and_torch(proc: Any) -> tuple[str | None, bool]:
+    from flight_profiler.attach.process import python_version_from
+
+    try:
+        paths = [m.path for m in proc.memory_maps(grouped=True)]
+        exe = proc.exe()
+    except Exception:  # psutil.Error, or a process that vanished meanwhile
+        return None, False
+    version, _ = python_version_from(exe, "\n".join(paths))
+    torch = any("libtorch" in p for p in paths)
+    return (f"{version[0]}.{version[1]}" if version else None), torch
+
+
+def scan(include_all: bool = False) -> list[ProcInfo]:
+    """Python processes this user may inspect (all users' with ``include_all``), launchers
+    and ranks included; the calling process left out."""
+    import psutil
+
+    me = os.getpid()
+    uid = os.geteuid()
+    out: list[ProcInfo] = []
+    for proc in psutil.process_iter(["pid", "ppid", "username", "cmdline", "name", "uids"]):
+        info = proc.info
+        if info["pid"] == me or not info.get("cmdline"):
+            continue
+        if not include_all and uid != 0 and info["uids"] is not None and info["uids"].effective != uid:
+            continue
+        cmdline = list(info["cmdline"])
+        if not (_PYTHON_NAME.search(info.get("name") or "") or _PYTHON_NAME.search(cmdline[0])
+                or is_launcher(cmdline)):
+            continue
+        python, torch = _python_and_torch(proc)
+        if python is None:
+            continue
+        p = ProcInfo(pid=info["pid"], ppid=info["ppid"] or 0, user=info["username"] or "?",
+                     cmdline=cmdline, python=python, torch=torch, launcher=is_launcher(cmdline))
+        try:
+            from_environ(p, proc.environ())
+        except Exception:  # psutil.AccessDenied on another user's process
+            pass
+        out.append(p)
+    launchers = {p.pid for p in out if p.launcher}
+    for p in out:
+        if p.rank is not None and p.ppid in launchers:
+            p.launcher_pid = p.ppid
+    return out

@@ -1,0 +1,67 @@
+"""A torchrun job (gloo, CPU) with one planted problem, for the --all-ranks tests and bench.
+
+    python -m torch.distributed.run --nproc-per-node 4 ranks_workload.py MODE READY_DIR
+
+MODE: healthy | stuck (the odd rank sleeps outside the collective) | skip (the odd rank skips
+an all_reduce and waits in a barrier) | straggler (the odd rank computes 4x longer per step).
+The odd rank is the last one. Each rank writes READY_DIR/rank<N> once its loop runs; the loop
+runs until the launcher is killed. Model state lives in a function's locals, as users write it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def slow_data_prep(x: torch.Tensor, repeat: int) -> torch.Tensor:
+    for _ in range(repeat):
+        x = torch.tanh(x @ x.T / x.shape[0])
+    return x
+
+
+def stuck_outside(seconds: float) -> None:
+    time.sleep(seconds)  # the odd rank: never reaches the collective
+
+
+def train_step(model: torch.nn.Linear, x: torch.Tensor, repeat: int) -> None:
+    y = slow_data_prep(x, repeat)
+    loss = model(y).sum()
+    loss.backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad = None
+
+
+def main() -> None:
+    mode, ready_dir = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    odd = rank == world - 1
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(64, 64)
+    x = torch.randn(64, 64)
+    repeat = 40 if (mode == "straggler" and odd) else 10
+    step = 0
+    while True:
+        train_step(model, x, repeat)
+        step += 1
+        if step == 3:
+            with open(os.path.join(ready_dir, f"rank{rank}"), "w") as fh:
+                fh.write(str(os.getpid()))
+        if step >= 5 and mode == "stuck" and odd:
+            stuck_outside(3600)
+        if step >= 5 and mode == "skip":
+            if not odd:
+                dist.all_reduce(x)
+            dist.barrier()
+        time.sleep(0.005)
+
+
+if __name__ == "__main__":
+    main()
