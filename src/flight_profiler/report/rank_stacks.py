@@ -135,8 +135,9 @@ def group_stacks(per_rank: dict[int, dict[str, Any]], all_threads: bool = True) 
     """Group ranks by identical stacks, primary threads first, biggest groups first.
 
     A primary-thread group is odd when it is not the (strictly) biggest one: with ranks
-    0-6 in all_reduce and rank 7 sleeping, rank 7 is odd. Nothing is odd when every rank
-    has the same stack, or when there is no majority (then every group is shown alike).
+    0-6 in all_reduce and rank 7 sleeping, rank 7 is odd. Without a biggest group, the groups
+    outside any collective are odd when others are in one; nothing is odd when every rank has
+    the same stack.
     """
     buckets: dict[tuple[Any, ...], StackGroup] = {}
     for rank in sorted(per_rank):
@@ -161,4 +162,8 @@ def group_stacks(per_rank: dict[int, dict[str, Any]], all_threads: bool = True) 
     if len(primaries) >= 2 and len(primaries[0].ranks) > len(primaries[1].ranks):
         for g in primaries[1:]:
             g.odd = True
+    elif any(g.position.kind == "collective" for g in primaries):
+        # No majority (e.g. 2 ranks): the ones outside every collective are the odd ones.
+        for g in primaries:
+            g.odd = g.position.kind != "collective"
     return Grouping(groups, sorted(per_rank))
