@@ -59,7 +59,7 @@ def _one(target: ProcInfo, work: Callable[[Session], dict[str, Any]], timeout: f
     except FlightProfilerError as exc:
         return RankResult(target.rank, target.pid, False, error=exc.to_dict(),
                           seconds=time.monotonic() - started)
-    except Exception as exc:  # noqa: BLE001 - one rank's surprise must not lose the others' results
+    except Exception as exc:
         return RankResult(target.rank, target.pid, False,
                           error={"kind": "failed", "message": f"{type(exc).__name__}: {exc}",
                                  "hint": "", "exit_code": 1},

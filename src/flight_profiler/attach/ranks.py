@@ -6,18 +6,23 @@ WORLD_SIZE, TORCHELASTIC_RUN_ID and MASTER_ADDR/PORT. Ranks are grouped into a j
 (run id, master address, master port), so that ranks started by other launchers (SLURM srun,
 mpirun, a hand-made script) are grouped as well.
 
-The pure functions (``group_jobs``, ``select_ranks``, ``parse_ranks``) take plain records, so
+The pure functions (``group_jobs``, ``job_of``, ``select_ranks``) take plain records, so
 they are unit-tested without live processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flight_profiler.errors import ProcessNotFound, UsageError
+from flight_profiler.rank_list import format_ranks, parse_ranks
+
+__all__ = ["Job", "ProcInfo", "format_ranks", "group_jobs", "job_of", "parse_ranks", "scan",
+           "select_ranks"]
 
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
               "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
@@ -125,30 +130,6 @@ def job_of(pid: int, procs: list[ProcInfo]) -> Job:
                      "(`flight_profiler ps` lists them by job)")
 
 
-def parse_ranks(spec: str) -> set[int]:
-    """``"0,3-5"`` -> {0, 3, 4, 5}."""
-    out: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            if sep:
-                a, b = int(lo), int(hi)
-                if b < a:
-                    raise ValueError
-                out.update(range(a, b + 1))
-            else:
-                out.add(int(lo))
-        except ValueError:
-            raise UsageError(f"bad --ranks value {part!r}",
-                             "use rank numbers and ranges, e.g. --ranks 0,3-5") from None
-    if not out:
-        raise UsageError("--ranks names no rank", "e.g. --ranks 0,3-5")
-    return out
-
-
 def select_ranks(job: Job, wanted: set[int] | None) -> list[ProcInfo]:
     if wanted is None:
         return list(job.ranks)
@@ -159,20 +140,6 @@ def select_ranks(job: Job, wanted: set[int] | None) -> list[ProcInfo]:
         raise UsageError(f"rank(s) {format_ranks(missing)} are not on this node (here: {here})",
                          "run flight_profiler on the node that hosts them, or pick among these")
     return picked
-
-
-def format_ranks(ranks: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
-    out: list[str] = []
-    values = sorted(set(ranks))
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 # -- live processes (psutil) ----------------------------------------------------------------
@@ -193,7 +160,7 @@ def _python_and_torch(proc: Any) -> tuple[str | None, bool]:
 def scan(include_all: bool = False) -> list[ProcInfo]:
     """Python processes this user may inspect (all users' with ``include_all``), launchers
     and ranks included; the calling process left out."""
-    import psutil
+    import psutil  # type: ignore[import-untyped]
 
     me = os.getpid()
     uid = os.geteuid()
@@ -213,10 +180,9 @@ def scan(include_all: bool = False) -> list[ProcInfo]:
             continue
         p = ProcInfo(pid=info["pid"], ppid=info["ppid"] or 0, user=info["username"] or "?",
                      cmdline=cmdline, python=python, torch=torch, launcher=is_launcher(cmdline))
-        try:
+        # psutil.AccessDenied on another user's process: listed, without rank facts.
+        with contextlib.suppress(Exception):
             from_environ(p, proc.environ())
-        except Exception:  # psutil.AccessDenied on another user's process
-            pass
         out.append(p)
     launchers = {p.pid for p in out if p.launcher}
     for p in out:

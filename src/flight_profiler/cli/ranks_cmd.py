@@ -92,7 +92,7 @@ def render(results: list[RankResult], req: AgentRequest, console: Console) -> No
 def render_grouped_stacks(results: list[RankResult], console: Console) -> None:
     from rich.markup import escape
 
-    from flight_profiler.attach.ranks import format_ranks
+    from flight_profiler.rank_list import format_ranks
     from flight_profiler.report.rank_stacks import group_stacks
 
     per_rank = {r.rank if r.rank is not None else -r.pid: r.result for r in results
@@ -144,9 +144,9 @@ def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: 
 def run_all_ranks_shell(pid: int, ranks_spec: str | None, as_json: bool, timeout: float,
                         method: str) -> None:
     """The interactive shell, each line run on every selected rank."""
-    from flight_profiler.attach.ranks import format_ranks
     from flight_profiler.cli.agent_commands import HelpShown, help_text
     from flight_profiler.cli.shell import print_error
+    from flight_profiler.rank_list import format_ranks
 
     targets = job_targets(pid, ranks_spec)
     interactive = sys.stdin.isatty()

@@ -16,8 +16,10 @@ import zlib
 from typing import Any
 
 from flight_profiler.report.census import CensusFormatError, parse_census
+from flight_profiler.report.job_metrics import job_metrics
 from flight_profiler.report.jsonstream import TraceFormatError
 from flight_profiler.report.models import InputResult
+from flight_profiler.report.rank_stacks import StacksFormatError, parse_stacks
 from flight_profiler.report.safe_pickle import UnsafePickle, looks_like_pickle
 from flight_profiler.report.snapshot import SnapshotFormatError, parse_snapshot
 from flight_profiler.report.trace_loader import load_trace
@@ -108,6 +110,8 @@ def _load(path: str) -> InputResult:
         except (CensusFormatError, UnicodeDecodeError, TraceFormatError) as exc:
             return InputResult(path, "census", False, f"bad tensor census: {exc}")
         return InputResult(path, "census", True, data=data)
+    if b'"flight_profiler.rank_stacks"' in head:
+        return _load_stacks(path, gz)
     try:
         raw = load_trace(path)
     except TraceFormatError as exc:
@@ -121,7 +125,16 @@ def _load(path: str) -> InputResult:
     rank = _rank(raw.meta)
     metrics["trace_name"] = raw.meta.get("traceName")
     metrics["device_properties"] = _devices(raw.meta)
+    metrics["distributed"] = job_metrics(raw)
     return InputResult(path, "trace", True, data=metrics, rank=rank)
+
+
+def _load_stacks(path: str, gz: bool) -> InputResult:
+    try:
+        data = parse_stacks(_read_all(path, gz).decode("utf-8"))
+    except (StacksFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+        return InputResult(path, "stacks", False, f"bad rank stacks file: {exc}")
+    return InputResult(path, "stacks", True, data=data, rank=data["rank"])
 
 
 def _rank(meta: dict[str, Any]) -> int | None:

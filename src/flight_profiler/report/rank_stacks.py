@@ -73,7 +73,7 @@ def position(frames: list[dict[str, Any]]) -> Position:
 def primary_thread(result: dict[str, Any]) -> dict[str, Any] | None:
     """The thread that tells where the rank is: one in a collective (torch work may run in a
     worker thread), else the main thread, else the first one."""
-    threads = [t for t in result.get("threads", []) if not t.get("agent")]
+    threads: list[dict[str, Any]] = [t for t in result.get("threads", []) if not t.get("agent")]
     if not threads:
         return None
     for t in threads:
@@ -167,3 +167,44 @@ def group_stacks(per_rank: dict[int, dict[str, Any]], all_threads: bool = True) 
         for g in primaries:
             g.odd = g.position.kind != "collective"
     return Grouping(groups, sorted(per_rank))
+
+
+# -- per-rank stack files (written by `diagnose --all-ranks`, read by `report`) -------------
+
+FORMAT = "flight_profiler.rank_stacks"
+VERSION = 1
+
+
+class StacksFormatError(ValueError):
+    pass
+
+
+def stacks_document(rank: int | None, pid: int, world_size: int | None,
+                    samples: list[dict[str, Any]],
+                    flight_recorder: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One rank's stack samples (``stack`` results, oldest first, each with its ``time``)."""
+    return {"format": FORMAT, "version": VERSION, "rank": rank, "pid": pid,
+            "world_size": world_size, "samples": samples, "flight_recorder": flight_recorder}
+
+
+def parse_stacks(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StacksFormatError(f"invalid JSON at character {exc.pos}: {exc.msg}") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise StacksFormatError(f'not a rank stacks file (no "format": "{FORMAT}")')
+    if obj.get("version") != VERSION:
+        raise StacksFormatError(f"unsupported version {obj.get('version')!r} (this reads {VERSION})")
+    samples = obj.get("samples")
+    if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+        raise StacksFormatError('"samples" is not a list of stack results')
+    rank = obj.get("rank")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+        raise StacksFormatError('"rank" is not an integer')
+    fr = obj.get("flight_recorder")
+    return {"kind": "stacks", "rank": rank, "pid": obj.get("pid"),
+            "world_size": obj.get("world_size"), "samples": samples,
+            "flight_recorder": fr if isinstance(fr, dict) else None}
