@@ -19,7 +19,10 @@ class JobThresholds:
     hang_min_samples: int = 2
     # job-straggler: a rank's compute share of its window against the median of the others'.
     straggler_ratio: float = 1.5
-    straggler_min_share_pct: float = 5.0  # and at least this many points of the window more
+    straggler_min_share_pct: float = 2.0  # and at least this many points of the window more
+    # ... while the others spend no less of their window in collectives than it does, give or
+    # take this many points (gloo's spans include transfer time, so both sides look alike).
+    straggler_wait_tolerance_pct: float = 5.0
     # job-imbalance: max against median across ranks, relative and absolute.
     memory_imbalance_pct: float = 20.0
     memory_imbalance_min_bytes: int = 64 << 20

@@ -5,7 +5,7 @@ name): compute = what the rank runs outside collectives (GPU compute kernels, el
 operators), collective = time inside collectives (NCCL kernels, ``c10d::`` / ``gloo:`` spans),
 both as shares of the rank's own trace window so windows of different lengths compare. A rank
 whose compute share is >= ``straggler_ratio`` x the median of the others, while the others
-spend more of their window in collectives than it does, is the straggler: every synchronous
+spend at least as much of their window in collectives as it does, is the straggler: every synchronous
 collective makes the whole job run at its pace.
 """
 
@@ -51,6 +51,27 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _stack_sites(ctx: Context, ranks: list[int]) -> list[str]:
+    """Where the slow ranks were seen outside collectives in their stack samples, if taken."""
+    from collections import Counter
+
+    from flight_profiler.report.rank_stacks import rank_position
+
+    per = by_rank(ctx.stacks)
+    out = []
+    for r in ranks:
+        seen: Counter[str] = Counter()
+        total = 0
+        for inp in per.get(r, []):
+            for sample in inp.data.get("samples", []):
+                total += 1
+                p = rank_position(sample)
+                if p.kind != "collective":
+                    seen[f"{p.function} at {p.where}"] += 1
+        out.extend(f"rank {r}: {site} ({n} of {total} stack samples)" for site, n in seen.most_common(2))
+    return out
+
+
 def check(ctx: Context) -> list[Finding]:
     figs = rank_figures(ctx.traces)
     if len(figs) < 2:
@@ -62,7 +83,7 @@ def check(ctx: Context) -> list[Finding]:
         waits_more = median([g["collective_pct"] for r, g in figs.items() if r != rank])
         if (f["compute_pct"] >= JT.straggler_ratio * base
                 and f["compute_pct"] - base >= JT.straggler_min_share_pct
-                and waits_more > f["collective_pct"]):
+                and waits_more >= f["collective_pct"] - JT.straggler_wait_tolerance_pct):
             slow.append(rank)
     # With many ranks, several may qualify; more than half "slow" means no outlier at all.
     if not slow or len(slow) * 2 > len(figs):
@@ -81,7 +102,8 @@ def check(ctx: Context) -> list[Finding]:
     if len(means) >= 2:
         evidence.append(f"step-time skew across ranks: {fmt_us(max(means) - min(means))} "
                         f"(max {fmt_us(max(means))}, min {fmt_us(min(means))})")
-    where = [f"rank {r}: {name} ({fmt_us(us)} self time)" for r in slow for name, us in figs[r]["top_ops"]]
+    where = _stack_sites(ctx, slow) + [f"rank {r}: {name} ({fmt_us(us)} self time)"
+                                       for r in slow for name, us in figs[r]["top_ops"]]
     return [Finding(
         rule="job-straggler", severity="warning",
         title=f"Rank(s) {format_ranks(slow)} are stragglers: {ratio:.1f}x the compute of the "
