@@ -26,7 +26,7 @@ __all__ = ["Job", "ProcInfo", "format_ranks", "group_jobs", "job_of", "parse_ran
 
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
               "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
-_LAUNCHER_RE = re.compile(r"(^|/)torchrun$|torch\.distributed\.(run|launch)")
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _PYTHON_NAME = re.compile(r"python", re.IGNORECASE)
 
 
@@ -85,7 +85,13 @@ def from_environ(info: ProcInfo, env: dict[str, str]) -> ProcInfo:
 
 
 def is_launcher(cmdline: list[str]) -> bool:
-    return any(_LAUNCHER_RE.search(part) for part in cmdline[:4])
+    """``torchrun ...``, ``python .../torchrun ...`` or ``python -m torch.distributed.run|launch``."""
+    if not cmdline:
+        return False
+    if any(os.path.basename(part) == "torchrun" for part in cmdline[:2]):
+        return True
+    return any(part == "-m" and cmdline[i + 1] in _LAUNCHER_MODULES
+               for i, part in enumerate(cmdline[:-1]))
 
 
 def job_key(info: ProcInfo) -> str | None:

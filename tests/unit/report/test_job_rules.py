@@ -1,0 +1,102 @@
+"""The job rules (job-hang, job-desync, job-straggler, job-imbalance) on recorded per-rank data:
+stacks of real torchrun jobs, and per-rank traces / snapshots of known shape."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from job_synth import job_traces
+from report_synth import snapshot, write_pickle
+
+from flight_profiler.report import analyze
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ranks"
+
+
+def _findings(paths: list[Path] | list[str], rule_prefix: str = "job-") -> list[dict]:
+    report = analyze([str(p) for p in paths], jobs=1)
+    return [f.to_dict() for f in report.findings if f.rule.startswith(rule_prefix)]
+
+
+def test_rank_stuck_outside_the_collective_is_a_critical_hang() -> None:
+    [f] = _findings([FIXTURES / "stuck"])
+    assert (f["rule"], f["severity"], f["ranks"]) == ("job-hang", "critical", [3])
+    assert "stuck_outside" in f["summary"] and "all_reduce" in f["summary"]
+    assert f["metrics"]["waiting_ranks"] == [0, 1, 2]
+
+
+def test_skipped_collective_is_a_desync_naming_the_rank() -> None:
+    [f] = _findings([FIXTURES / "skip"])
+    assert (f["rule"], f["severity"], f["ranks"]) == ("job-desync", "critical", [3])
+    assert "barrier" in f["summary"] and "all_reduce" in f["summary"]
+
+
+def test_healthy_job_gets_no_job_finding() -> None:
+    assert _findings([FIXTURES / "healthy"]) == []
+
+
+def test_moving_odd_rank_is_a_warning_not_a_hang(tmp_path: Path) -> None:
+    # Same waiting ranks, but rank 3's stack changes between samples: behind, not stuck.
+    for f in (FIXTURES / "stuck" / "stacks").glob("*.json"):
+        doc = json.loads(f.read_text())
+        if doc["rank"] == 3:
+            for i, s in enumerate(doc["samples"]):
+                s["threads"][0]["frames"][-1]["line"] += i
+        (tmp_path / f.name).write_text(json.dumps(doc))
+    [f] = _findings([tmp_path])
+    assert (f["rule"], f["severity"], f["ranks"]) == ("job-hang", "warning", [3])
+
+
+def test_missing_ranks_are_named_when_all_local_ranks_wait(tmp_path: Path) -> None:
+    for f in (FIXTURES / "stuck" / "stacks").glob("*.json"):
+        doc = json.loads(f.read_text())
+        if doc["rank"] != 3:
+            doc["world_size"] = 8
+            (tmp_path / f.name).write_text(json.dumps(doc))
+    [f] = _findings([tmp_path])
+    assert f["rule"] == "job-hang" and f["ranks"] == [3, 4, 5, 6, 7]
+
+
+def test_flight_recorder_sequence_ids_say_who_is_behind(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURES / "stuck" / "stacks", tmp_path / "s")
+    for f in (tmp_path / "s").glob("*.json"):
+        doc = json.loads(f.read_text())
+        doc["flight_recorder"] = {"last_started": {"0": 41 if doc["rank"] == 3 else 42}}
+        f.write_text(json.dumps(doc))
+    [f] = _findings([tmp_path])
+    assert f["metrics"]["flight_recorder_behind"] == [3]
+    assert any("#41" in e for e in f["evidence"])
+
+
+def test_straggler_is_named_with_its_compute_and_the_others_wait(tmp_path: Path) -> None:
+    paths = job_traces(tmp_path, [2000.0, 2000.0, 2100.0, 6000.0], jitter=0.02)
+    [f] = _findings(paths, "job-straggler")
+    assert f["ranks"] == [3] and f["severity"] == "warning"
+    per = f["metrics"]["ranks"]
+    assert per["3"]["compute_pct"] > 2 * per["0"]["compute_pct"]
+    assert per["0"]["collective_pct"] > per["3"]["collective_pct"]
+    assert any("aten::" in w for w in f["where"])
+
+
+def test_balanced_ranks_have_no_straggler(tmp_path: Path) -> None:
+    paths = job_traces(tmp_path, [2000.0, 2050.0, 1950.0, 2020.0], jitter=0.05)
+    assert _findings(paths) == []
+
+
+def test_memory_imbalance_names_the_heavy_rank(tmp_path: Path) -> None:
+    paths = []
+    for r in range(4):
+        mib = 900 if r == 2 else 500
+        paths.append(write_pickle(tmp_path / f"snap_rank{r}.pickle",
+                                  snapshot(allocated=[(mib << 20, "train.py", 40)])))
+    found = _findings(paths, "job-imbalance")
+    assert found and all(f["ranks"] == [2] for f in found)
+    assert {f["metrics"]["key"] for f in found} == {"allocated", "reserved"}
+
+
+def test_memory_within_noise_is_not_imbalance(tmp_path: Path) -> None:
+    paths = [write_pickle(tmp_path / f"snap_rank{r}.pickle",
+                          snapshot(allocated=[((500 + r) << 20, "train.py", 40)])) for r in range(4)]
+    assert _findings(paths, "job-imbalance") == []
