@@ -66,6 +66,17 @@ class JobDiagnosis:
                 "findings": [f.to_dict() for f in self.report.findings] if self.report else []}
 
 
+def flight_recorder(session: Session) -> dict[str, Any] | None:
+    """The rank's Flight Recorder summary when the job runs with it, else None."""
+    from flight_profiler.errors import FlightProfilerError
+
+    try:
+        fr = session.request("torch fr")
+    except FlightProfilerError:  # no torch, no distributed build, an older agent
+        return None
+    return fr if fr.get("enabled") else None
+
+
 def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
                   samples: int = STACK_SAMPLES, gap: float = SAMPLE_GAP_S) -> tuple[list[RankResult], list[str]]:
     """``samples`` stack samples per rank, ``gap`` seconds apart, in parallel; one file per rank."""
@@ -80,7 +91,7 @@ def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
             res = session.request("stack", {"all": False, "limit": 200})
             res["time"] = time.time()
             taken.append(res)
-        return {"samples": taken}
+        return {"samples": taken, "flight_recorder": flight_recorder(session)}
 
     results = run_on_ranks(targets, work, timeout)
     directory = os.path.join(out_dir, STACKS_DIR)
@@ -90,7 +101,8 @@ def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
     for r in results:
         if not r.ok or r.result is None:
             continue
-        doc = stacks_document(r.rank, r.pid, world.get(r.pid), r.result["samples"])
+        doc = stacks_document(r.rank, r.pid, world.get(r.pid), r.result["samples"],
+                              r.result.get("flight_recorder"))
         path = os.path.join(directory, f"stacks_rank{r.rank}.json")
         write_atomic(path, json.dumps(doc))
         files.append(path)

@@ -63,7 +63,7 @@ def test_flight_recorder_sequence_ids_say_who_is_behind(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "stuck" / "stacks", tmp_path / "s")
     for f in (tmp_path / "s").glob("*.json"):
         doc = json.loads(f.read_text())
-        doc["flight_recorder"] = {"last_started": {"0": 41 if doc["rank"] == 3 else 42}}
+        doc["flight_recorder"] = {"last_enqueued": {"0": 41 if doc["rank"] == 3 else 42}}
         f.write_text(json.dumps(doc))
     [f] = _findings([tmp_path])
     assert f["metrics"]["flight_recorder_behind"] == [3]
@@ -100,3 +100,16 @@ def test_memory_within_noise_is_not_imbalance(tmp_path: Path) -> None:
     paths = [write_pickle(tmp_path / f"snap_rank{r}.pickle",
                           snapshot(allocated=[((500 + r) << 20, "train.py", 40)])) for r in range(4)]
     assert _findings(paths, "job-imbalance") == []
+
+
+def test_flight_recorder_names_the_mismatched_collective(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURES / "skip" / "stacks", tmp_path / "s")
+    for f in (tmp_path / "s").glob("*.json"):
+        doc = json.loads(f.read_text())
+        op = "gloo:barrier" if doc["rank"] == 3 else "gloo:all_reduce"
+        doc["flight_recorder"] = {"last_enqueued": {"0": 9},
+                                  "entries": [{"pg_id": 0, "seq": 9, "op": op}]}
+        f.write_text(json.dumps(doc))
+    [f] = _findings([tmp_path])
+    assert f["rule"] == "job-desync"
+    assert any("#9: gloo:all_reduce on ranks 0-2; gloo:barrier on ranks 3" in e for e in f["evidence"])

@@ -72,26 +72,39 @@ def _latest(inputs: list[InputResult]) -> InputResult:
 
 
 def _fr_behind(ranks: dict[int, _Rank]) -> tuple[list[int], list[str]]:
-    """Ranks behind by Flight Recorder sequence ids, and the evidence lines."""
+    """Ranks behind by Flight Recorder sequence ids, and the evidence lines (including the
+    collective each rank enqueued under the same sequence id, when they differ: a desync)."""
     last: dict[int, dict[str, int]] = {}
+    ops: dict[int, dict[tuple[str, int], str]] = {}
     for r, info in ranks.items():
         fr = info.inp.data.get("flight_recorder")
-        if fr and isinstance(fr.get("last_started"), dict):
-            last[r] = {str(k): int(v) for k, v in fr["last_started"].items() if isinstance(v, int)}
+        if fr and isinstance(fr.get("last_enqueued"), dict):
+            last[r] = {str(k): int(v) for k, v in fr["last_enqueued"].items() if isinstance(v, int)}
+            ops[r] = {(str(e.get("pg_id")), int(e["seq"])): str(e.get("op"))
+                      for e in fr.get("entries", []) if isinstance(e, dict) and isinstance(e.get("seq"), int)}
     if len(last) < 2:
         return [], []
     behind: set[int] = set()
     evidence: list[str] = []
-    groups = sorted({pg for d in last.values() for pg in d})
-    for pg in groups:
+    for pg in sorted({pg for d in last.values() for pg in d}):
         seqs = {r: d[pg] for r, d in last.items() if pg in d}
-        if len(seqs) < 2 or len(set(seqs.values())) == 1:
+        if len(seqs) < 2:
             continue
         top = max(seqs.values())
         late = sorted(r for r, s in seqs.items() if s < top)
-        behind.update(late)
-        evidence.append(f"Flight Recorder, process group {pg}: ranks {format_ranks(late)} last "
-                        f"started collective #{min(seqs[r] for r in late)}, the others #{top}")
+        if late:
+            behind.update(late)
+            evidence.append(f"Flight Recorder, process group {pg}: ranks {format_ranks(late)} last "
+                            f"enqueued collective #{min(seqs[r] for r in late)}, the others #{top}")
+        common = min(seqs.values())
+        names: dict[str, list[int]] = {}
+        for r in seqs:
+            op = ops.get(r, {}).get((pg, common))
+            if op:
+                names.setdefault(op, []).append(r)
+        if len(names) > 1:
+            evidence.append(f"Flight Recorder, process group {pg}, collective #{common}: " + "; ".join(
+                f"{op} on ranks {format_ranks(rs)}" for op, rs in sorted(names.items(), key=lambda kv: -len(kv[1]))))
     return sorted(behind), evidence
 
 

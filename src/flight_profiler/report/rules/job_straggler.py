@@ -58,7 +58,7 @@ def _stack_sites(ctx: Context, ranks: list[int]) -> list[str]:
     from flight_profiler.report.rank_stacks import rank_position
 
     per = by_rank(ctx.stacks)
-    out = []
+    out: list[str] = []
     for r in ranks:
         seen: Counter[str] = Counter()
         total = 0
