@@ -55,11 +55,12 @@ def torchrun(tmp_path: Path) -> Iterator[Any]:
         ready = tmp_path / f"ready-{mode}"
         ready.mkdir()
         log = tmp_path / f"{mode}.log"
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-             "--standalone", str(WORKLOAD), mode, str(ready)],
-            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **(env or {})})
+        with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                 "--standalone", str(WORKLOAD), mode, str(ready)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **(env or {})})
         job = Job(popen, ready, n, log)
         jobs.append(job)
         return job
