@@ -58,7 +58,7 @@ def test_job_of_a_plain_process_names_the_fix() -> None:
     with pytest.raises(UsageError, match="neither a rank"):
         job_of(50, [plain, _rank(200, 0)])
     with pytest.raises(ProcessNotFound):
-        job_of(999, [plain])
+        job_of(4_194_400, [plain])  # above the kernel's largest pid_max: never a process
 
 
 def test_select_ranks_and_missing_ones() -> None:
