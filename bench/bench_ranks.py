@@ -112,7 +112,7 @@ print(json.dumps({"peak_kib": peak, "rules": sorted({f.rule for f in report.find
 
 
 def report_bench(n_ranks: int = 8) -> dict[str, float]:
-    from job_synth import job_traces
+    from job_synth import job_traces  # type: ignore[import-not-found]
 
     with tempfile.TemporaryDirectory() as tmp:
         compute = [2000.0] * n_ranks
