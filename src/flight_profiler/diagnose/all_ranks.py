@@ -132,19 +132,6 @@ def rank_artefacts(res: DiagnoseResult) -> list[str]:
             if os.path.exists(f) and not f.endswith("diagnose.json")]
 
 
-def tag_ranks(report: Report) -> None:
-    """Per-process findings (a leak on one rank...) get the ranks of the inputs they cite."""
-    from flight_profiler.report.rules.job_common import rank_of
-
-    rank_by_path = {i.path: rank_of(i) for i in report.inputs}
-    for f in report.findings:
-        if f.ranks is not None or not f.inputs:
-            continue
-        found = [rank_by_path.get(p) for p in f.inputs]
-        if all(r is not None for r in found):
-            f.ranks = sorted({r for r in found if r is not None})
-
-
 def _detach_injected(targets: list[ProcInfo], injected: set[int], timeout: float) -> None:
     from flight_profiler.attach.multirank import run_on_ranks
 
@@ -179,7 +166,6 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
                     files.extend(rank_artefacts(r.result["diagnosis"]))
         if files:
             job.report = analyze(files)
-            tag_ranks(job.report)
             for fmt in ("md", "json", "html"):
                 path = os.path.join(out_dir, f"report.{fmt}")
                 job.report.write(path, fmt)

@@ -113,3 +113,16 @@ def test_flight_recorder_names_the_mismatched_collective(tmp_path: Path) -> None
     [f] = _findings([tmp_path])
     assert f["rule"] == "job-desync"
     assert any("#9: gloo:all_reduce on ranks 0-2; gloo:barrier on ranks 3" in e for e in f["evidence"])
+
+
+def test_real_gpu_ranks_are_no_stragglers_and_their_findings_name_their_rank() -> None:
+    traces = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "traces"
+    paths = [traces / "gpu_sampled_rank0.json.gz", traces / "gpu_sampled_rank1.json.gz"]
+    if not all(p.exists() for p in paths):
+        import pytest
+
+        pytest.skip("the shared GPU traces are not here")
+    report = analyze([str(p) for p in paths], jobs=1)
+    assert not [f for f in report.findings if f.rule.startswith("job-")]
+    per_rank = [f for f in report.findings if f.rule == "low-gpu-utilization"]
+    assert sorted(f.ranks for f in per_rank) == [[0], [1]]  # type: ignore[type-var]

@@ -8,7 +8,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from flight_profiler.report.models import InputResult
+from flight_profiler.report.models import Finding, InputResult
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
@@ -62,3 +62,17 @@ def missing_ranks(world_size: object, present: set[int]) -> list[int]:
     if world_size > 100_000:
         return []
     return [r for r in range(world_size) if r not in present]
+
+
+def tag_ranks(inputs: list[InputResult], findings: list[Finding]) -> None:
+    """When the inputs come from several ranks, per-process findings (a leak on one rank...)
+    get the ranks of the inputs they cite; job rules set theirs themselves."""
+    rank_by_path = {i.path: rank_of(i) for i in inputs}
+    if len({r for r in rank_by_path.values() if r is not None}) < 2:
+        return
+    for f in findings:
+        if f.ranks is not None or not f.inputs:
+            continue
+        found = [rank_by_path.get(p) for p in f.inputs]
+        if all(r is not None for r in found):
+            f.ranks = sorted({r for r in found if r is not None})
