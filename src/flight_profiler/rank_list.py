@@ -43,3 +43,12 @@ def format_ranks(ranks: list[int]) -> str:
         out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def ranks_label(ranks: list[int] | None) -> str:
+    """How a finding names its ranks in a view: "" (not a job finding), "ranks 0-2", "whole job"."""
+    if ranks is None:
+        return ""
+    if not ranks:
+        return "whole job"
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"

@@ -143,7 +143,7 @@ def check(ctx: Context) -> list[Finding]:
         if not stuck and not all(x.never_in_collective for x in odd):
             return []
         odd_ranks = sorted(x.rank for x in odd)
-        places = "; ".join(f"rank {x.rank} at {x.last.describe()}" for x in odd[:8])
+        places = "; ".join(f"rank {x.rank} is at {x.last.describe()}" for x in odd[:8])
         sev = "critical" if stuck else "warning"
         what = "never reach" if stuck else "are behind in reaching"
         return [Finding(
