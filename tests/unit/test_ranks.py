@@ -77,3 +77,15 @@ def test_bad_rank_lists_are_usage_errors(spec: str) -> None:
 def test_rank_lists_round_trip() -> None:
     assert format_ranks([7, 0, 1, 2, 5, 8]) == "0-2,5,7-8"
     assert parse_ranks(format_ranks([0, 1, 2, 5, 7, 8])) == {0, 1, 2, 5, 7, 8}
+
+
+def test_rank_options_typed_inside_the_command() -> None:
+    from flight_profiler.cli.ranks_cmd import extract_rank_options, per_rank_path
+
+    assert extract_rank_options("stack --all-ranks") == ("stack", True, None)
+    assert extract_rank_options("torch memory --ranks 0,3-5 -s") == ("torch memory -s", False, "0,3-5")
+    assert extract_rank_options("watch m f --expr 'a, b'") == ("watch m f --expr 'a, b'", False, None)
+    with pytest.raises(UsageError):
+        extract_rank_options("stack --ranks")
+    assert per_rank_path("/d/snap.pickle", 3) == "/d/snap_rank3.pickle"
+    assert per_rank_path("/d/t.pt.trace.json.gz", 0) == "/d/t_rank0.pt.trace.json.gz"

@@ -114,6 +114,9 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
     from flight_profiler.cli import ranks_cmd
     from flight_profiler.cli.agent_commands import HelpShown, parse
 
+    if command_line is not None:
+        command_line, typed_all, typed_spec = ranks_cmd.extract_rank_options(command_line)
+        all_ranks, ranks_spec = all_ranks or typed_all, ranks_spec or typed_spec
     if ranks_cmd.check_options(all_ranks, ranks_spec):
         if command_line is None:
             ranks_cmd.run_all_ranks_shell(pid, ranks_spec, as_json, timeout, method)

@@ -89,6 +89,12 @@ def render(results: list[RankResult], req: AgentRequest, console: Console) -> No
                           f"{escape(hint)}[/red]", highlight=False)
 
 
+def _who(ranks: list[int]) -> str:
+    from flight_profiler.rank_list import format_ranks
+
+    return f"rank {ranks[0]} is" if len(ranks) == 1 else f"ranks {format_ranks(ranks)} are"
+
+
 def render_grouped_stacks(results: list[RankResult], console: Console) -> None:
     from rich.markup import escape
 
@@ -111,9 +117,9 @@ def render_grouped_stacks(results: list[RankResult], console: Console) -> None:
         console.print()
     for g in grouping.odd:
         others = grouping.primary[0]
-        console.print(f"[bold red]odd:[/bold red] rank(s) {format_ranks(g.ranks)} at "
-                      f"{escape(g.position.describe())}, while ranks {format_ranks(others.ranks)} "
-                      f"are at {escape(others.position.describe())}", highlight=False)
+        console.print(f"[bold red]odd:[/bold red] {_who(g.ranks)} at "
+                      f"{escape(g.position.describe())}, while {_who(others.ranks)} at "
+                      f"{escape(others.position.describe())}", highlight=False)
 
 
 def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: bool,
@@ -123,6 +129,8 @@ def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: 
     from flight_profiler.cli.agent_commands import parse
     from flight_profiler.cli.attach_cmd import console
 
+    command_line, _, typed_spec = extract_rank_options(command_line)
+    ranks_spec = typed_spec or ranks_spec
     req = parse(command_line)  # before touching any target: a typo leaves them all unharmed
     targets = job_targets(pid, ranks_spec)
     results = run_request(targets, req, timeout, method, as_json)
@@ -176,6 +184,38 @@ def run_all_ranks_shell(pid: int, ranks_spec: str | None, as_json: bool, timeout
             print("interrupted", file=sys.stderr)
         except FlightProfilerError as err:
             print_error(err, as_json)
+
+
+def extract_rank_options(command_line: str) -> tuple[str, bool, str | None]:
+    """``"stack --all-ranks"`` -> ("stack", True, None): the rank options may also be typed
+    inside the command, as the issue's `stack --all-ranks` reads."""
+    import shlex
+
+    try:
+        words = shlex.split(command_line)
+    except ValueError:
+        return command_line, False, None  # parse() reports the quoting error
+    if "--all-ranks" not in words and "--ranks" not in words and not any(
+            w.startswith("--ranks=") for w in words):
+        return command_line, False, None
+    kept: list[str] = []
+    all_ranks, spec = False, None
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "--all-ranks":
+            all_ranks = True
+        elif w == "--ranks":
+            if i + 1 >= len(words):
+                raise UsageError("--ranks needs a list", "e.g. --ranks 0,3-5")
+            spec = words[i + 1]
+            i += 1
+        elif w.startswith("--ranks="):
+            spec = w.split("=", 1)[1]
+        else:
+            kept.append(w)
+        i += 1
+    return shlex.join(kept), all_ranks, spec
 
 
 def check_options(all_ranks: bool, ranks_spec: str | None) -> bool:
