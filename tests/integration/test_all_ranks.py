@@ -168,11 +168,14 @@ def test_straggler_rank(torchrun: Any, tmp_path: Path) -> None:
     assert f["ranks"] == [1]
     per = f["metrics"]["ranks"]
     assert per["1"]["compute_pct"] > per["0"]["compute_pct"]
-    # per-rank traces keep what HTA reads: distributedInfo with the rank
+    # OUT/traces is an HTA trace directory: only traces, each with distributedInfo.rank
     import gzip
 
+    hta_dir = tmp_path / "diag" / "traces"
+    assert result["outputs"]["hta_trace_dir"] == str(hta_dir)
+    assert sorted(p.name for p in hta_dir.iterdir()) == ["rank0.pt.trace.json.gz",
+                                                         "rank1.pt.trace.json.gz"]
     for rank in (0, 1):
-        [trace] = (tmp_path / "diag" / f"rank{rank}").glob("*.json.gz")
-        with gzip.open(trace, "rt") as fh:
+        with gzip.open(hta_dir / f"rank{rank}.pt.trace.json.gz", "rt") as fh:
             assert json.load(fh)["distributedInfo"]["rank"] == rank
     assert_alive_and_clean(pids)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 STACK_SAMPLES = 3
 SAMPLE_GAP_S = 0.5
 STACKS_DIR = "stacks"
+TRACES_DIR = "traces"
 # Rules whose critical finding means the ranks are stuck: the per-rank phases are skipped.
 _STUCK_RULES = ("job-hang", "job-desync")
 
@@ -126,6 +127,35 @@ def _diagnose_ranks(targets: list[ProcInfo], base: DiagnoseOptions, attach_timeo
     return run_on_ranks(targets, work, attach_timeout)
 
 
+def hta_directory(out_dir: str, results: list[RankResult]) -> dict[str, str]:
+    """OUT/traces/rank<N>.pt.trace.json.gz, one per rank and nothing else: Holistic Trace
+    Analysis reads every .json/.gz file of its trace directory and needs each to carry
+    distributedInfo.rank (torch's profiler writes it), so censuses or reports beside the traces
+    would break it. Hard links (copies across file systems)."""
+    import shutil
+
+    directory = os.path.join(out_dir, TRACES_DIR)
+    made = False
+    for r in results:
+        if not r.ok or r.result is None:
+            continue
+        traces = [f for f in rank_artefacts(r.result["diagnosis"])
+                  if f.endswith((".json.gz", ".json")) and os.path.basename(f).startswith("profile")]
+        if not traces:
+            continue
+        os.makedirs(directory, exist_ok=True)
+        ext = ".json.gz" if traces[0].endswith(".gz") else ".json"
+        target = os.path.join(directory, f"rank{r.rank}.pt.trace{ext}")
+        if os.path.exists(target):
+            os.unlink(target)
+        try:
+            os.link(traces[0], target)
+        except OSError:
+            shutil.copyfile(traces[0], target)
+        made = True
+    return {"hta_trace_dir": directory} if made else {}
+
+
 def rank_artefacts(res: DiagnoseResult) -> list[str]:
     """What a rank's phases wrote (traces, snapshots, censuses), not its own report files."""
     return [f for p in res.phases if p.name != "report" for f in p.files
@@ -164,6 +194,7 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
             for r in job.rank_results:
                 if r.ok and r.result is not None:
                     files.extend(rank_artefacts(r.result["diagnosis"]))
+            job.outputs.update(hta_directory(out_dir, job.rank_results))
         if files:
             job.report = analyze(files)
             for fmt in ("md", "json", "html"):

@@ -44,6 +44,24 @@ def expand(paths: list[str]) -> list[str]:
             out.extend(sorted(found) if found else [p])
         else:
             out.append(p)
+    return _distinct_files(out)
+
+
+def _distinct_files(paths: list[str]) -> list[str]:
+    """One path per file: a directory may hold hard links to the same trace (diagnose
+    --all-ranks' HTA directory), which must not count twice."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            out.append(p)  # reported as unreadable by load_one
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key not in seen or os.path.isdir(p):
+            seen.add(key)
+            out.append(p)
     return out
 
 

@@ -126,3 +126,12 @@ def test_real_gpu_ranks_are_no_stragglers_and_their_findings_name_their_rank() -
     assert not [f for f in report.findings if f.rule.startswith("job-")]
     per_rank = [f for f in report.findings if f.rule == "low-gpu-utilization"]
     assert sorted(f.ranks for f in per_rank) == [[0], [1]]  # type: ignore[type-var]
+
+
+def test_hard_linked_traces_count_once(tmp_path: Path) -> None:
+    paths = job_traces(tmp_path / "a", [2000.0, 6000.0])
+    (tmp_path / "b").mkdir()
+    for p in paths:
+        (tmp_path / "b" / p.name).hardlink_to(p)
+    report = analyze([str(tmp_path)], jobs=1)
+    assert len([i for i in report.inputs if i.kind == "trace"]) == 2
