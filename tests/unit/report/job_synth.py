@@ -15,16 +15,25 @@ from typing import Any
 
 
 def rank_trace(path: Path, rank: int, world: int, compute_us: list[float], steps: int = 6,
-               ops_per_step: int = 20, comm_us: float = 300.0, jitter: float = 0.0) -> Path:
-    """``compute_us[r]``: each rank's compute per step (so every rank's waits line up)."""
+               ops_per_step: int = 20, comm_us: float = 300.0, jitter: float = 0.0,
+               mem_bytes: list[int] | None = None, step_extra_us: list[float] | None = None) -> Path:
+    """``compute_us[r]``: each rank's compute per step (so every rank's waits line up);
+    ``mem_bytes[r]``: allocated bytes in ``[memory]`` events (reserved = 1.25x);
+    ``step_extra_us[r]``: added to that rank's ProfilerStep durations (unsynchronised steps)."""
     ev: list[dict[str, Any]] = []
     t = 1_000_000.0
     for s in range(steps):
         mine = compute_us[rank] * (1.0 + (jitter if (s + rank) % 2 else -jitter))
         slowest = max(compute_us) * (1.0 + jitter)
         step_us = slowest + comm_us + 10
+        extra = step_extra_us[rank] if step_extra_us else 0.0
         ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1,
-                   "tid": 1, "ts": t, "dur": step_us})
+                   "tid": 1, "ts": t, "dur": step_us + extra * (1.0 + (0.01 if s % 2 else -0.01))})
+        if mem_bytes:
+            ev.append({"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": t + 1,
+                       "args": {"Device Type": 0, "Device Id": -1, "Addr": 1000 + s,
+                                "Bytes": 1024, "Total Allocated": mem_bytes[rank],
+                                "Total Reserved": int(mem_bytes[rank] * 1.25)}})
         op_us = mine / ops_per_step
         for k in range(ops_per_step):
             name = "aten::tanh" if k % 2 else "aten::mm"
@@ -36,7 +45,7 @@ def rank_trace(path: Path, rank: int, world: int, compute_us: list[float], steps
                    "ts": start, "dur": 5.0, "args": {}})
         ev.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1,
                    "tid": 2, "ts": start + 1, "dur": end - start - 1})
-        t += step_us + 20
+        t += step_us + 20 + extra
     doc = {"schemaVersion": 1, "deviceProperties": [],
            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
            "traceEvents": ev, "traceName": f"rank {rank}"}

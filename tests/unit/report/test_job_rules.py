@@ -135,3 +135,32 @@ def test_hard_linked_traces_count_once(tmp_path: Path) -> None:
         (tmp_path / "b" / p.name).hardlink_to(p)
     report = analyze([str(tmp_path)], jobs=1)
     assert len([i for i in report.inputs if i.kind == "trace"]) == 2
+
+
+def test_memory_imbalance_from_the_traces_memory_events(tmp_path: Path) -> None:
+    mib = 1 << 20
+    paths = job_traces(tmp_path, [2000.0] * 4, mem_bytes=[400 * mib, 410 * mib, 405 * mib, 700 * mib])
+    found = _findings(paths, "job-imbalance")
+    assert found and all(f["ranks"] == [3] and f["metrics"]["source"] == "trace peak" for f in found)
+
+
+def test_step_time_imbalance_beyond_noise(tmp_path: Path) -> None:
+    paths = job_traces(tmp_path, [2000.0] * 4, step_extra_us=[0.0, 0.0, 0.0, 1500.0])
+    [f] = _findings(paths, "job-imbalance")
+    assert f["ranks"] == [3] and "Step time" in f["title"]
+
+
+def test_step_time_within_noise_is_not_imbalance(tmp_path: Path) -> None:
+    paths = job_traces(tmp_path, [2000.0] * 4, step_extra_us=[0.0, 30.0, 10.0, 20.0])
+    assert _findings(paths, "job-imbalance") == []
+
+
+def test_sixty_four_ranks_name_the_one_stuck_rank(tmp_path: Path) -> None:
+    stacks = {json.loads(f.read_text())["rank"]: json.loads(f.read_text())
+              for f in (FIXTURES / "stuck" / "stacks").glob("*.json")}
+    for r in range(64):
+        doc = dict(stacks[3 if r == 17 else 0], rank=r, world_size=64)
+        (tmp_path / f"stacks_rank{r}.json").write_text(json.dumps(doc))
+    [f] = _findings([tmp_path])
+    assert (f["rule"], f["severity"], f["ranks"]) == ("job-hang", "critical", [17])
+    assert "Ranks 0-16,18-63 wait in all_reduce" in f["summary"]

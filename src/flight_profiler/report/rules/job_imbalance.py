@@ -1,6 +1,7 @@
 """job-imbalance: memory or step time that differs across ranks beyond noise.
 
-Memory: allocated / reserved bytes per rank from memory snapshots (the latest per rank); a rank
+Memory: allocated / reserved bytes per rank from memory snapshots (the latest per rank), else
+the peaks of the traces' ``[memory]`` events (traces taken with profile_memory); a rank
 above the median of all ranks by ``memory_imbalance_pct`` and ``memory_imbalance_min_bytes``
 is flagged (it OOMs first, and every rank must fit the biggest). Step time: mean ProfilerStep
 duration per rank from traces; flagged when the spread exceeds ``step_imbalance_pct`` of the
@@ -23,13 +24,38 @@ def _latest(inputs: list[InputResult]) -> InputResult:
     return max(inputs, key=lambda i: float(i.data.get("time") or 0.0))
 
 
-def _memory(snapshots: list[InputResult]) -> list[Finding]:
-    per = {r: _latest(i) for r, i in by_rank(snapshots).items()}
+def _trace_peaks(traces: list[InputResult]) -> dict[int, tuple[InputResult, dict[str, int]]]:
+    """Per rank, the peak allocated / reserved of its traces' ``[memory]`` events (all devices
+    of the rank summed; the highest of its traces)."""
+    out: dict[int, tuple[InputResult, dict[str, int]]] = {}
+    for r, inputs in by_rank(traces).items():
+        best: tuple[InputResult, dict[str, int]] | None = None
+        for inp in inputs:
+            mem = inp.data.get("memory")
+            if not isinstance(mem, dict) or not mem:
+                continue
+            vals = {"allocated": sum(int(d.get("peak_allocated", 0)) for d in mem.values()),
+                    "reserved": sum(int(d.get("peak_reserved", 0)) for d in mem.values())}
+            if best is None or vals["allocated"] > best[1]["allocated"]:
+                best = (inp, vals)
+        if best is not None:
+            out[r] = best
+    return out
+
+
+def _memory(snapshots: list[InputResult], traces: list[InputResult]) -> list[Finding]:
+    snaps = {r: _latest(i) for r, i in by_rank(snapshots).items()}
+    source = "snapshot"
+    if len(snaps) >= 2:
+        per = {r: (i, {k: int(i.data.get(k) or 0) for k in ("allocated", "reserved")})
+               for r, i in snaps.items()}
+    else:  # no per-rank snapshots: the traces' [memory] peaks (profile_memory=True)
+        per, source = _trace_peaks(traces), "trace peak"
     if len(per) < 2:
         return []
     out: list[Finding] = []
     for key in ("allocated", "reserved"):
-        values = {r: int(i.data.get(key) or 0) for r, i in per.items()}
+        values = {r: v[key] for r, (_, v) in per.items()}
         mid = median([float(v) for v in values.values()])
         high = sorted(r for r, v in values.items()
                       if v - mid >= JT.memory_imbalance_min_bytes
@@ -42,12 +68,12 @@ def _memory(snapshots: list[InputResult]) -> list[Finding]:
             rule="job-imbalance", severity="warning",
             title=f"Rank(s) {format_ranks(high)} hold more {key} memory than the others "
                   f"(+{fmt_bytes(values[top] - mid)} on rank {top})",
-            summary=(f"{key.capitalize()} memory of rank {top} is {fmt_bytes(values[top])} against a "
-                     f"median of {fmt_bytes(mid)} over {len(values)} ranks"
+            summary=(f"{key.capitalize()} memory ({source}) of rank {top} is {fmt_bytes(values[top])} "
+                     f"against a median of {fmt_bytes(mid)} over {len(values)} ranks"
                      + (f" (+{fmt_pct(excess)})." if excess != float("inf") else ".")),
             evidence=[f"rank {r}: {key} {fmt_bytes(v)}" for r, v in sorted(values.items())][:64],
             where=[f"rank {top}: {s['site']} ({fmt_bytes(s['bytes'])})"
-                   for s in per[top].data.get("sites", [])[:3]],
+                   for s in per[top][0].data.get("sites", [])[:3]],
             fix=["Find what only those ranks keep: rank-0-only state (metrics, EMA weights, "
                  "checkpoint buffers, evaluation tensors), uneven batch or sequence sizes, "
                  "optimizer state not sharded evenly (ZeRO/FSDP bucket sizes).",
@@ -55,8 +81,9 @@ def _memory(snapshots: list[InputResult]) -> list[Finding]:
                  "`flight_profiler PID --ranks 0,3 --cmd \"torch tensors\"`."],
             root_cause="Every rank must fit the heaviest: the job's batch size and model are "
                        "limited by the rank that holds the most.",
-            inputs=[per[r].path for r in high], ranks=high,
-            metrics={"key": key, "median_bytes": mid, "per_rank": {str(r): v for r, v in values.items()}},
+            inputs=[per[r][0].path for r in high], ranks=high,
+            metrics={"key": key, "source": source, "median_bytes": mid,
+                     "per_rank": {str(r): v for r, v in values.items()}},
         ))
     return out
 
@@ -100,7 +127,7 @@ def _steps(traces: list[InputResult]) -> list[Finding]:
 
 
 def check(ctx: Context) -> list[Finding]:
-    return _memory(ctx.snapshots) + _steps(ctx.traces)
+    return _memory(ctx.snapshots, ctx.traces) + _steps(ctx.traces)
 
 
 RULE = Rule("job-imbalance", "Memory or step time differs across ranks", check)
