@@ -121,6 +121,10 @@ def test_healthy_job_ps_all_ranks_and_a_clean_diagnosis(torchrun: Any, tmp_path:
     # --ranks picks some, from any rank's pid
     proc = run_cli(str(pids[1]), "--ranks", "1", "--cmd", "status", "--json")
     assert list(json.loads(proc.stdout)["ranks"]) == ["1"], proc.stdout + proc.stderr
+    # the shell runs each line on every rank
+    shell = subprocess.run([*CLI, str(job.launcher), "--all-ranks"], input="status\nquit\n",
+                           capture_output=True, text=True, timeout=120)
+    assert all(f"rank {r} (pid {p}" in shell.stdout for r, p in pids.items()), shell.stdout + shell.stderr
     run_cli(str(job.launcher), "--all-ranks", "--cmd", "detach")
     # the whole diagnosis: no job-level problem in a healthy job
     result = diagnose_job(job.launcher, tmp_path / "diag")
