@@ -28,7 +28,12 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
     prepare_out_dir(out, targets[0].pid if targets else pid)
     if not as_json:
         sys.stderr.write(f"diagnosing {len(targets)} rank(s) of the job of pid {pid} into {out}\n")
-    job = diagnose_job(targets, out, method, calls, duration, timeout, attach_timeout)
+    def say(text: str) -> None:
+        if not as_json:
+            sys.stderr.write(f"[diagnose] {text}\n")
+            sys.stderr.flush()
+
+    job = diagnose_job(targets, out, method, calls, duration, timeout, attach_timeout, say)
     code = ExitCode.OK
     if fail_on and job.report is not None and job.report.reaches(fail_on):
         code = ExitCode.FINDINGS
@@ -50,7 +55,7 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
 def render(job: JobDiagnosis, console: Console) -> None:
     from rich.markup import escape
 
-    from flight_profiler.rank_list import format_ranks
+    from flight_profiler.rank_list import ranks_label
 
     for r in job.stack_results:
         if not r.ok and r.error:
@@ -68,8 +73,7 @@ def render(job: JobDiagnosis, console: Console) -> None:
     if not report.findings:
         console.print("[green]no problem found on any rank[/green]")
     for f in report.findings:
-        who = ("the whole job" if f.ranks == [] else
-               f"rank(s) {format_ranks(f.ranks)}" if f.ranks else "")
+        who = ranks_label(f.ranks)
         colour = {"critical": "red", "warning": "yellow"}.get(f.severity, "cyan")
         console.print(f"[{colour}]{f.severity}[/{colour}] [bold]{escape(f.rule)}[/bold]"
                       f"{escape(' [' + who + ']') if who else ''}: {escape(f.title)}", highlight=False)

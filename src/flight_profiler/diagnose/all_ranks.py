@@ -17,7 +17,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from flight_profiler.diagnose.model import DiagnoseOptions, DiagnoseResult, MethodTarget
 from flight_profiler.diagnose.outputs import write_atomic
@@ -170,15 +170,23 @@ def _detach_injected(targets: list[ProcInfo], injected: set[int], timeout: float
         run_on_ranks(chosen, lambda s: s.detach(), timeout)
 
 
+def _quiet(_: str) -> None:
+    pass
+
+
 def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | None, calls: int,
-                 duration: float, timeout: float, attach_timeout: float) -> JobDiagnosis:
+                 duration: float, timeout: float, attach_timeout: float,
+                 say: Callable[[str], None] = _quiet) -> JobDiagnosis:
+    from flight_profiler.rank_list import format_ranks
     from flight_profiler.report import analyze
 
     started = time.monotonic()
     job = JobDiagnosis(out_dir, targets)
     os.makedirs(out_dir, exist_ok=True)
     injected: set[int] = set()
+    names = format_ranks([t.rank for t in targets if t.rank is not None])
     try:
+        say(f"stack samples of ranks {names} ({STACK_SAMPLES} each, in parallel)")
         job.stack_results, files = sample_stacks(targets, out_dir, attach_timeout)
         injected = {r.pid for r in job.stack_results if r.injected}
         stuck = analyze(files, jobs=1) if files else None
@@ -187,7 +195,9 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
         if critical:
             job.skipped_phases = ("the ranks are stuck in collectives (" + critical[0].title +
                                   "): per-rank phases would only wait for their timeouts")
+            say(f"stuck: {critical[0].title}; per-rank phases skipped")
         else:
+            say(f"the diagnosis workflow on ranks {names} in parallel (each into {out_dir}/rank<N>)")
             base = DiagnoseOptions(pid=0, target=target, out_dir=out_dir, calls=calls,
                                    duration=duration, timeout=timeout)
             job.rank_results = _diagnose_ranks(targets, base, attach_timeout)
@@ -196,6 +206,7 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
                     files.extend(rank_artefacts(r.result["diagnosis"]))
             job.outputs.update(hta_directory(out_dir, job.rank_results))
         if files:
+            say(f"the job report from {len(files)} file(s)")
             job.report = analyze(files)
             for fmt in ("md", "json", "html"):
                 path = os.path.join(out_dir, f"report.{fmt}")

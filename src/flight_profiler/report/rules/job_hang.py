@@ -58,6 +58,10 @@ class _Rank:
         return self.positions[-1] if self.positions else Position("idle", None, "-", "-")
 
 
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
 def _full(p: Position) -> str:
     line = p.where.rsplit(":", 1)[-1]
     return f"{p.path}:{line} in {p.function}" if p.path else f"{p.where} in {p.function}"
@@ -133,7 +137,7 @@ def check(ctx: Context) -> list[Finding]:
     n_samples = min(x.samples for x in ranks.values())
     common = [f"{n_samples} stack sample(s) per rank over {span:.1f} s", *fr_evidence]
     if absent:
-        common.append(f"no data for rank(s) {format_ranks(absent)} (dead, or on another node: "
+        common.append(f"no data for {_ranks(absent)} (dead, or on another node: "
                       "run --all-ranks there too)")
     if others:
         odd = [x for x in others if x.never_in_collective] or others
@@ -145,12 +149,17 @@ def check(ctx: Context) -> list[Finding]:
         odd_ranks = sorted(x.rank for x in odd)
         places = "; ".join(f"rank {x.rank} is at {x.last.describe()}" for x in odd[:8])
         sev = "critical" if stuck else "warning"
-        what = "never reach" if stuck else "are behind in reaching"
+        plural = len(odd_ranks) > 1
+        what = ("never reach" if plural else "never reaches") if stuck else \
+            ("are behind in reaching" if plural else "is behind in reaching")
         return [Finding(
             rule="job-hang", severity=sev,
-            title=f"Rank(s) {format_ranks(odd_ranks)} {what} {op}: ranks "
-                  f"{format_ranks(sorted(x.rank for x in waiting))} wait for them",
-            summary=(f"Ranks {format_ranks(wait_ranks)} wait in {op} at {where} in every sample, "
+            title=f"{_ranks(odd_ranks).capitalize()} {what} {op}: "
+                  f"{_ranks(sorted(x.rank for x in waiting))} "
+                  f"{'waits' if len(waiting) == 1 else 'wait'} for "
+                  f"{'it' if len(odd_ranks) == 1 else 'them'}",
+            summary=(f"{_ranks(wait_ranks).capitalize()} {'waits' if len(wait_ranks) == 1 else 'wait'} "
+                     f"in {op} at {where} in every sample, "
                      f"while {places}" + (" (the same stack in every sample: stuck)." if stuck
                                           else " (still moving: slow, not stuck yet).")),
             evidence=common + [f"rank {x.rank}: {x.last.describe()}" for x in ranks.values()][:64],
@@ -158,8 +167,8 @@ def check(ctx: Context) -> list[Finding]:
             fix=_FIX_HANG if stuck else [
                 "The odd rank does more work per step: see job-straggler (per-rank traces) for "
                 "what it spends the time in.", *_FIX_HANG[:1]],
-            root_cause=(f"A collective completes only when every rank of the group calls it; rank(s) "
-                        f"{format_ranks(odd_ranks)} are elsewhere, so the others wait."),
+            root_cause=(f"A collective completes only when every rank of the group calls it; "
+                        f"{_ranks(odd_ranks)} {'are' if plural else 'is'} elsewhere, so the others wait."),
             inputs=inputs, ranks=odd_ranks,
             metrics={"waiting_ranks": sorted(x.rank for x in waiting), "odd_ranks": odd_ranks,
                      "stuck": stuck, "samples": n_samples, "flight_recorder_behind": fr_late},
@@ -170,11 +179,11 @@ def check(ctx: Context) -> list[Finding]:
         odd_ranks = sorted(r for _, rs in groups[1:] for r in rs)
         if len(groups[0][1]) == len(groups[1][1]):
             odd_ranks = sorted(set(odd_ranks) | set(fr_late)) if fr_late else odd_ranks
-        lines = [f"ranks {format_ranks(rs)}: {o} at {w}" for (o, w), rs in groups]
+        lines = [f"{_ranks(rs)}: {o} at {w}" for (o, w), rs in groups]
         return [Finding(
             rule="job-desync", severity="critical",
-            title=f"Ranks wait in different collectives: rank(s) {format_ranks(odd_ranks)} "
-                  f"called another one than ranks {format_ranks(main_ranks)}",
+            title=f"Ranks wait in different collectives: {_ranks(odd_ranks)} "
+                  f"called another one than {_ranks(main_ranks)}",
             summary="Every rank waits in a collective, but not in the same call: " + "; ".join(lines)
                     + ". The ranks called their collectives in different orders (one skipped or "
                       "added one), so no collective can complete.",

@@ -66,7 +66,8 @@ def _memory(snapshots: list[InputResult], traces: list[InputResult]) -> list[Fin
         excess = 100.0 * (values[top] - mid) / mid if mid > 0 else float("inf")
         out.append(Finding(
             rule="job-imbalance", severity="warning",
-            title=f"Rank(s) {format_ranks(high)} hold more {key} memory than the others "
+            title=f"{'Rank' if len(high) == 1 else 'Ranks'} {format_ranks(high)} "
+                  f"{'holds' if len(high) == 1 else 'hold'} more {key} memory than the others "
                   f"(+{fmt_bytes(values[top] - mid)} on rank {top})",
             summary=(f"{key.capitalize()} memory ({source}) of rank {top} is {fmt_bytes(values[top])} "
                      f"against a median of {fmt_bytes(mid)} over {len(values)} ranks"

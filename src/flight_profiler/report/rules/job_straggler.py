@@ -106,8 +106,9 @@ def check(ctx: Context) -> list[Finding]:
                                        for r in slow for name, us in figs[r]["top_ops"]]
     return [Finding(
         rule="job-straggler", severity="warning",
-        title=f"Rank(s) {format_ranks(slow)} are stragglers: {ratio:.1f}x the compute of the "
-              "others, who wait for them in collectives",
+        title=(f"Rank {slow[0]} is a straggler" if len(slow) == 1
+               else f"Ranks {format_ranks(slow)} are stragglers")
+              + f": {ratio:.1f}x the compute of the others, who wait in collectives",
         summary=(f"Rank {worst} computes {fmt_pct(w['compute_pct'])} of its window against a median "
                  f"of {fmt_pct(base_compute)} on the other ranks, which spend "
                  f"{fmt_pct(base_wait)} in collectives (rank {worst}: "
