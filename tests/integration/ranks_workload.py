@@ -2,8 +2,9 @@
 
     python -m torch.distributed.run --nproc-per-node 4 ranks_workload.py MODE READY_DIR
 
-MODE: healthy | stuck (the odd rank sleeps outside the collective) | skip (the odd rank skips
-an all_reduce and waits in a barrier) | straggler (the odd rank computes 4x longer per step).
+MODE: healthy (batches from a DataLoader with one worker process per rank, which inherits the
+rank's environment) | stuck (the odd rank sleeps outside the collective) | skip (the odd rank
+skips an all_reduce and waits in a barrier) | straggler (the odd rank computes 4x longer per step).
 The odd rank is the last one. Each rank writes READY_DIR/rank<N> once its loop runs; the loop
 runs until the launcher is killed. Model state lives in a function's locals, as users write it.
 """
@@ -38,6 +39,16 @@ def train_step(model: torch.nn.Linear, x: torch.Tensor, repeat: int) -> None:
             p.grad = None
 
 
+class Batches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        while True:
+            yield torch.randn(64, 64)
+
+
+def loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    return torch.utils.data.DataLoader(Batches(), batch_size=None, num_workers=1)
+
+
 def main() -> None:
     mode, ready_dir = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
@@ -47,8 +58,11 @@ def main() -> None:
     model = torch.nn.Linear(64, 64)
     x = torch.randn(64, 64)
     repeat = 40 if (mode == "straggler" and odd) else 10
+    batches = iter(loader()) if mode == "healthy" else None
     step = 0
     while True:
+        if batches is not None:
+            x = next(batches)
         train_step(model, x, repeat)
         step += 1
         if step == 3:

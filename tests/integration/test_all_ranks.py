@@ -110,6 +110,8 @@ def test_healthy_job_ps_all_ranks_and_a_clean_diagnosis(torchrun: Any, tmp_path:
     assert ps.returncode == 0, ps.stderr
     [mine] = [j for j in json.loads(ps.stdout)["jobs"] if j["launcher_pid"] == job.launcher]
     assert {r["rank"]: r["pid"] for r in mine["ranks"]} == pids
+    # each rank's DataLoader worker inherited RANK: listed as a worker, never as a rank
+    assert sorted(w["worker_of"] for w in mine["workers"]) == sorted(pids.values())
     assert all(r["torch"] and r["world_size"] == 2 for r in mine["ranks"])
     # one command on every rank, from the launcher's pid: one document keyed by rank
     proc = run_cli(str(job.launcher), "--all-ranks", "--cmd", "stack", "--json")

@@ -39,8 +39,8 @@ def test_torchrun_and_the_module_form_are_launchers() -> None:
 
 
 def test_ranks_group_by_job_and_sort_by_rank() -> None:
-    procs = [_rank(203, 3), _rank(200, 0), _rank(301, 1, run_id="other", port="29501", launcher=300),
-             _rank(202, 2), _rank(300, 0, run_id="other", port="29501", launcher=300)]
+    procs = [_rank(203, 3), _rank(200, 0), _rank(311, 1, run_id="other", port="29501", launcher=300),
+             _rank(202, 2), _rank(310, 0, run_id="other", port="29501", launcher=300)]
     jobs = group_jobs(procs)
     assert [[r.rank for r in j.ranks] for j in jobs] == [[0, 2, 3], [0, 1]]
     assert [j.launcher_pid for j in jobs] == [100, 300]
@@ -89,3 +89,14 @@ def test_rank_options_typed_inside_the_command() -> None:
         extract_rank_options("stack --ranks")
     assert per_rank_path("/d/snap.pickle", 3) == "/d/snap_rank3.pickle"
     assert per_rank_path("/d/t.pt.trace.json.gz", 0) == "/d/t_rank0.pt.trace.json.gz"
+
+
+def test_dataloader_workers_inherit_rank_but_are_not_ranks() -> None:
+    rank0, rank1 = _rank(200, 0), _rank(201, 1)
+    worker = _rank(300, 0, launcher=None)
+    worker.ppid = 200  # forked by rank 0, same environment
+    job = group_jobs([rank0, rank1, worker])[0]
+    assert [r.pid for r in job.ranks] == [200, 201]
+    assert [w.pid for w in job.workers] == [300] and job.workers[0].worker_of == 200
+    with pytest.raises(UsageError, match="worker"):
+        job_of(300, [rank0, rank1, worker])

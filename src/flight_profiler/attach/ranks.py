@@ -47,6 +47,7 @@ class ProcInfo:
     master: str | None = None  # "addr:port"
     launcher: bool = False  # a torchrun / elastic agent process
     launcher_pid: int | None = None  # the rank's torchrun parent, if any
+    worker_of: int | None = None  # a DataLoader / multiprocessing child of this rank's pid
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,10 +61,13 @@ class Job:
     launcher_pid: int | None
     world_size: int | None
     ranks: list[ProcInfo] = field(default_factory=list)
+    # Children of ranks that inherited their environment (DataLoader workers): not ranks.
+    workers: list[ProcInfo] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "launcher_pid": self.launcher_pid, "world_size": self.world_size,
-                "ranks": [r.to_dict() for r in self.ranks]}
+                "ranks": [r.to_dict() for r in self.ranks],
+                "workers": [w.to_dict() for w in self.workers]}
 
 
 def _int(value: str | None) -> int | None:
@@ -103,8 +107,21 @@ def job_key(info: ProcInfo) -> str | None:
     return f"{info.run_id or '-'}@{info.master or '-'}"
 
 
+def mark_workers(procs: list[ProcInfo]) -> None:
+    """A DataLoader worker (or any multiprocessing child) inherits its rank's environment, RANK
+    included: a process whose parent has the same rank in the same job is that rank's worker."""
+    by_pid = {p.pid: p for p in procs}
+    for p in procs:
+        parent = by_pid.get(p.ppid) if p.ppid != p.pid else None
+        if (p.rank is not None and parent is not None and parent.rank == p.rank
+                and (parent.run_id, parent.master) == (p.run_id, p.master)):
+            p.worker_of = parent.pid
+            p.launcher_pid = parent.launcher_pid
+
+
 def group_jobs(procs: list[ProcInfo]) -> list[Job]:
     """Group the ranks into jobs, each ordered by rank (jobs ordered by launcher pid)."""
+    mark_workers(procs)
     jobs: dict[str, Job] = {}
     for p in procs:
         key = job_key(p)
@@ -113,6 +130,9 @@ def group_jobs(procs: list[ProcInfo]) -> list[Job]:
         job = jobs.get(key)
         if job is None:
             job = jobs[key] = Job(key, p.launcher_pid, p.world_size)
+        if p.worker_of is not None:
+            job.workers.append(p)
+            continue
         job.ranks.append(p)
         if job.launcher_pid is None:
             job.launcher_pid = p.launcher_pid
@@ -127,6 +147,9 @@ def job_of(pid: int, procs: list[ProcInfo]) -> Job:
     for job in jobs:
         if job.launcher_pid == pid or any(r.pid == pid for r in job.ranks):
             return job
+        if any(w.pid == pid for w in job.workers):
+            raise UsageError(f"process {pid} is a DataLoader / multiprocessing worker of a rank, "
+                             "not a rank", "pass the pid of the rank or of the torchrun launcher")
     if not any(p.pid == pid for p in procs) and not os.path.exists(f"/proc/{pid}"):
         raise ProcessNotFound(f"no process {pid} that this user may inspect",
                               "check the pid with `flight_profiler ps`")

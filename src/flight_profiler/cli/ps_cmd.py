@@ -11,8 +11,13 @@ import click
 from flight_profiler.attach.ranks import Job, ProcInfo
 
 
+def _in_jobs(jobs: list[Job]) -> set[int | None]:
+    return ({r.pid for j in jobs for r in j.ranks} | {w.pid for j in jobs for w in j.workers}
+            | {j.launcher_pid for j in jobs})
+
+
 def ps_document(procs: list[ProcInfo], jobs: list[Job]) -> dict[str, Any]:
-    in_job = {r.pid for j in jobs for r in j.ranks} | {j.launcher_pid for j in jobs}
+    in_job = _in_jobs(jobs)
     return {"jobs": [j.to_dict() for j in jobs],
             "processes": [p.to_dict() for p in procs if p.pid not in in_job]}
 
@@ -41,7 +46,10 @@ def _render(procs: list[ProcInfo], jobs: list[Job]) -> None:
             table.add_row(str(r.rank), str(r.local_rank), str(r.pid), r.user, r.python or "?",
                           "yes" if r.torch else "no", _cmd(r))
         console.print(table)
-    in_job = {r.pid for j in jobs for r in j.ranks} | {j.launcher_pid for j in jobs}
+        if job.workers:
+            pids = ", ".join(f"{w.pid} (rank {w.rank})" for w in job.workers)
+            console.print(f"  worker processes of the ranks (DataLoader...): {pids}", highlight=False)
+    in_job = _in_jobs(jobs)
     others = [p for p in procs if p.pid not in in_job]
     if others:
         table = Table(title="other Python processes", title_justify="left")
