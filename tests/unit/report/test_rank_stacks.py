@@ -64,3 +64,15 @@ def test_identical_stacks_have_nothing_odd() -> None:
     s = _last_samples("stuck")[0]
     g = group_stacks({r: json.loads(json.dumps(s)) for r in range(8)})
     assert len(g.primary) == 1 and g.primary[0].ranks == list(range(8)) and not g.odd
+
+
+def test_torch_work_in_a_worker_thread_is_found_there() -> None:
+    in_collective = _last_samples("stuck")[0]["threads"][0]
+    main = {"name": "MainThread", "main": True, "agent": False,
+            "frames": [{"file": "/w/train.py", "line": 90, "function": "main"},
+                       {"file": "/usr/lib/python3.11/threading.py", "line": 1119, "function": "join"}]}
+    worker = dict(in_collective, name="trainer", main=False)
+    p = rank_position({"threads": [main, worker]})
+    assert (p.kind, p.op, p.function) == ("collective", "all_reduce", "train_step")
+    g = group_stacks({0: {"threads": [main, worker]}, 1: {"threads": [main, worker]}})
+    assert g.primary[0].thread == "trainer" and g.primary[0].ranks == [0, 1]
