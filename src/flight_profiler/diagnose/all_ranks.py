@@ -201,6 +201,7 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
             base = DiagnoseOptions(pid=0, target=target, out_dir=out_dir, calls=calls,
                                    duration=duration, timeout=timeout)
             job.rank_results = _diagnose_ranks(targets, base, attach_timeout)
+            injected |= {r.pid for r in job.rank_results if r.injected}
             for r in job.rank_results:
                 if r.ok and r.result is not None:
                     files.extend(rank_artefacts(r.result["diagnosis"]))
