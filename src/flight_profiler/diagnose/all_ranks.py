@@ -209,6 +209,9 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
         if files:
             say(f"the job report from {len(files)} file(s)")
             job.report = analyze(files)
+            for f in job.report.findings:
+                if f.ranks is None:  # in a job report every finding says its ranks: [] = all
+                    f.ranks = []
             for fmt in ("md", "json", "html"):
                 path = os.path.join(out_dir, f"report.{fmt}")
                 job.report.write(path, fmt)
