@@ -112,7 +112,7 @@ def test_flight_recorder_names_the_mismatched_collective(tmp_path: Path) -> None
         f.write_text(json.dumps(doc))
     [f] = _findings([tmp_path])
     assert f["rule"] == "job-desync"
-    assert any("#9: gloo:all_reduce on ranks 0-2; gloo:barrier on ranks 3" in e for e in f["evidence"])
+    assert any("#9: gloo:all_reduce on ranks 0-2; gloo:barrier on rank 3" in e for e in f["evidence"])
 
 
 def test_real_gpu_ranks_are_no_stragglers_and_their_findings_name_their_rank() -> None:
@@ -164,3 +164,34 @@ def test_sixty_four_ranks_name_the_one_stuck_rank(tmp_path: Path) -> None:
     [f] = _findings([tmp_path])
     assert (f["rule"], f["severity"], f["ranks"]) == ("job-hang", "critical", [17])
     assert "Ranks 0-16,18-63 wait in all_reduce" in f["summary"]
+
+
+def _all_waiting_same_site(tmp_path: Path, fr: dict[int, dict]) -> list[Path]:
+    """Four ranks with rank 0's stacks (all in the same all_reduce line), Flight Recorder given."""
+    src = json.loads((FIXTURES / "stuck" / "stacks" / "stacks_rank0.json").read_text())
+    out = []
+    for r in range(4):
+        doc = dict(src, rank=r, flight_recorder=fr[r])
+        out.append(tmp_path / f"stacks_rank{r}.json")
+        out[-1].write_text(json.dumps(doc))
+    return out
+
+
+def test_flight_recorder_finds_the_rank_behind_when_stacks_look_alike(tmp_path: Path) -> None:
+    fr = {r: {"last_enqueued": {"0": 41 if r == 1 else 42}} for r in range(4)}
+    [f] = _findings(_all_waiting_same_site(tmp_path, fr))
+    assert (f["rule"], f["severity"], f["ranks"]) == ("job-hang", "critical", [1])
+
+
+def test_flight_recorder_finds_mismatched_sizes_when_stacks_look_alike(tmp_path: Path) -> None:
+    def entry(r: int) -> dict:
+        return {"pg_id": 0, "seq": 7, "op": "gloo:all_reduce",
+                "input_sizes": [[8]] if r == 2 else [[4]]}
+    fr = {r: {"last_enqueued": {"0": 7}, "entries": [entry(r)]} for r in range(4)}
+    [f] = _findings(_all_waiting_same_site(tmp_path, fr))
+    assert (f["rule"], f["ranks"]) == ("job-desync", [2])
+
+
+def test_all_ranks_in_one_collective_without_more_data_is_no_finding(tmp_path: Path) -> None:
+    fr = {r: {"last_enqueued": {"0": 7}} for r in range(4)}
+    assert _findings(_all_waiting_same_site(tmp_path, fr)) == []

@@ -75,20 +75,27 @@ def _latest(inputs: list[InputResult]) -> InputResult:
     return max(inputs, key=when)
 
 
-def _fr_behind(ranks: dict[int, _Rank]) -> tuple[list[int], list[str]]:
-    """Ranks behind by Flight Recorder sequence ids, and the evidence lines (including the
-    collective each rank enqueued under the same sequence id, when they differ: a desync)."""
+def _fr_call(e: dict[str, Any]) -> str:
+    sizes = e.get("input_sizes")
+    return f"{e.get('op')} {sizes}" if sizes else str(e.get("op"))
+
+
+def _flight_recorder(ranks: dict[int, _Rank]) -> tuple[list[int], list[int], list[str]]:
+    """From the ranks' Flight Recorder summaries: the ranks behind (a lower last sequence id in
+    a process group), the ranks whose call under the same sequence id differs from the most
+    common one (a desync), and the evidence lines."""
     last: dict[int, dict[str, int]] = {}
-    ops: dict[int, dict[tuple[str, int], str]] = {}
+    calls: dict[int, dict[tuple[str, int], str]] = {}
     for r, info in ranks.items():
         fr = info.inp.data.get("flight_recorder")
         if fr and isinstance(fr.get("last_enqueued"), dict):
             last[r] = {str(k): int(v) for k, v in fr["last_enqueued"].items() if isinstance(v, int)}
-            ops[r] = {(str(e.get("pg_id")), int(e["seq"])): str(e.get("op"))
-                      for e in fr.get("entries", []) if isinstance(e, dict) and isinstance(e.get("seq"), int)}
+            calls[r] = {(str(e.get("pg_id")), int(e["seq"])): _fr_call(e)
+                        for e in fr.get("entries", []) if isinstance(e, dict) and isinstance(e.get("seq"), int)}
     if len(last) < 2:
-        return [], []
+        return [], [], []
     behind: set[int] = set()
+    mismatched: set[int] = set()
     evidence: list[str] = []
     for pg in sorted({pg for d in last.values() for pg in d}):
         seqs = {r: d[pg] for r, d in last.items() if pg in d}
@@ -98,18 +105,21 @@ def _fr_behind(ranks: dict[int, _Rank]) -> tuple[list[int], list[str]]:
         late = sorted(r for r, s in seqs.items() if s < top)
         if late:
             behind.update(late)
-            evidence.append(f"Flight Recorder, process group {pg}: ranks {format_ranks(late)} last "
-                            f"enqueued collective #{min(seqs[r] for r in late)}, the others #{top}")
+            evidence.append(f"Flight Recorder, process group {pg}: {_ranks(late)} last enqueued "
+                            f"collective #{min(seqs[r] for r in late)}, the others #{top}")
         common = min(seqs.values())
         names: dict[str, list[int]] = {}
         for r in seqs:
-            op = ops.get(r, {}).get((pg, common))
-            if op:
-                names.setdefault(op, []).append(r)
+            call = calls.get(r, {}).get((pg, common))
+            if call:
+                names.setdefault(call, []).append(r)
         if len(names) > 1:
+            ordered = sorted(names.items(), key=lambda kv: (-len(kv[1]), kv[1]))
+            for _, rs in ordered[1:]:
+                mismatched.update(rs)
             evidence.append(f"Flight Recorder, process group {pg}, collective #{common}: " + "; ".join(
-                f"{op} on ranks {format_ranks(rs)}" for op, rs in sorted(names.items(), key=lambda kv: -len(kv[1]))))
-    return sorted(behind), evidence
+                f"{call} on {_ranks(rs)}" for call, rs in ordered))
+    return sorted(behind), sorted(mismatched), evidence
 
 
 def _groups(ranks: list[_Rank]) -> list[tuple[tuple[str | None, str], list[int]]]:
@@ -132,7 +142,7 @@ def check(ctx: Context) -> list[Finding]:
     world = next((x.inp.data.get("world_size") for x in ranks.values()
                   if x.inp.data.get("world_size")), None)
     absent = missing_ranks(world, set(ranks))
-    fr_late, fr_evidence = _fr_behind(ranks)
+    fr_late, fr_mismatch, fr_evidence = _flight_recorder(ranks)
     span = max(x.seconds for x in ranks.values())
     n_samples = min(x.samples for x in ranks.values())
     common = [f"{n_samples} stack sample(s) per rank over {span:.1f} s", *fr_evidence]
@@ -195,6 +205,30 @@ def check(ctx: Context) -> list[Finding]:
             inputs=inputs, ranks=odd_ranks,
             metrics={"groups": [{"op": o, "where": w, "ranks": rs} for (o, w), rs in groups],
                      "flight_recorder_behind": fr_late},
+        )]
+    if (fr_mismatch or fr_late) and all(x.still for x in waiting):
+        # The stacks look alike (same collective, same line); Flight Recorder tells them apart.
+        (op, where), _ = groups[0]
+        odd_ranks = fr_mismatch or fr_late
+        desync = bool(fr_mismatch)
+        return [Finding(
+            rule="job-desync" if desync else "job-hang", severity="critical",
+            title=(f"{_ranks(odd_ranks).capitalize()} called another collective than the others "
+                   "under the same sequence number" if desync else
+                   f"{_ranks(odd_ranks).capitalize()} behind the others by Flight Recorder; "
+                   f"every rank waits in {op}"),
+            summary=(f"Every rank waits in {op} at {where} in every sample; Flight Recorder's "
+                     "sequence ids show " + ("that the calls do not match" if desync else
+                                             f"that {_ranks(odd_ranks)} did not enqueue the "
+                                             "collective the others wait in") + "."),
+            evidence=common,
+            where=[f"rank {r}: {ranks[r].last.describe()}" for r in odd_ranks[:8]],
+            fix=_FIX_HANG,
+            root_cause="Collectives are matched by order within a process group: the ranks "
+                       "disagree about which one comes next.",
+            inputs=inputs, ranks=odd_ranks,
+            metrics={"waiting_ranks": sorted(ranks), "flight_recorder_behind": fr_late,
+                     "flight_recorder_mismatched": fr_mismatch},
         )]
     if absent and all(x.still for x in waiting):
         (op, where), _ = groups[0]
