@@ -24,8 +24,8 @@ def job_targets(pid: int, ranks_spec: str | None) -> list[ProcInfo]:
     """The local ranks of the job of ``pid`` (its launcher or any rank), optionally some."""
     from flight_profiler.attach import ranks
 
+    wanted = ranks.parse_ranks(ranks_spec) if ranks_spec else None  # a typo fails first
     job = ranks.job_of(pid, ranks.scan(ranks_only=True))
-    wanted = ranks.parse_ranks(ranks_spec) if ranks_spec else None
     return ranks.select_ranks(job, wanted)
 
 
