@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "unit" / "report"))
 from flight_profiler.attach import multirank, ranks  # noqa: E402
 
 CLI = [sys.executable, "-m", "flight_profiler"]
-WORKLOAD = REPO / "tests" / "integration" / "ranks_workload.py"
+WORKLOAD = REPO / "examples" / "distributed_job.py"
 
 
 def start_job(n: int, ready: Path) -> subprocess.Popen[bytes]:

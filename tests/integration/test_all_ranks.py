@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 CLI = [sys.executable, "-m", "flight_profiler"]
-WORKLOAD = Path(__file__).with_name("ranks_workload.py")
+WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "distributed_job.py"
 
 
 class Job:

@@ -1,12 +1,14 @@
-"""A torchrun job (gloo, CPU) with one planted problem, for the --all-ranks tests and bench.
+"""A torchrun job (gloo, CPU) with one planted problem: try `flight_profiler ps`, `--all-ranks`
+and `diagnose --all-ranks` on it (docs/ranks.md). The --all-ranks tests and bench run it too.
 
-    python -m torch.distributed.run --nproc-per-node 4 ranks_workload.py MODE READY_DIR
+    torchrun --nproc-per-node 4 examples/distributed_job.py MODE [READY_DIR]
+    TORCH_FR_BUFFER_SIZE=2000 torchrun ...        # with Flight Recorder
 
 MODE: healthy (batches from a DataLoader with one worker process per rank, which inherits the
 rank's environment) | stuck (the odd rank sleeps outside the collective) | skip (the odd rank
 skips an all_reduce and waits in a barrier) | straggler (the odd rank computes 4x longer per step).
-The odd rank is the last one. Each rank writes READY_DIR/rank<N> once its loop runs; the loop
-runs until the launcher is killed. Model state lives in a function's locals, as users write it.
+The odd rank is the last one. Each rank writes READY_DIR/rank<N> (its pid) once its loop runs,
+and prints READY; the loop runs until the launcher is stopped (Ctrl-C). Model state lives in a function's locals, as users write it.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
 
 
 def main() -> None:
-    mode, ready_dir = sys.argv[1], sys.argv[2]
+    mode = sys.argv[1] if len(sys.argv) > 1 else "healthy"
+    ready_dir = sys.argv[2] if len(sys.argv) > 2 else None
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     odd = rank == world - 1
@@ -66,8 +69,10 @@ def main() -> None:
         train_step(model, x, repeat)
         step += 1
         if step == 3:
-            with open(os.path.join(ready_dir, f"rank{rank}"), "w") as fh:
-                fh.write(str(os.getpid()))
+            if ready_dir:
+                with open(os.path.join(ready_dir, f"rank{rank}"), "w") as fh:
+                    fh.write(str(os.getpid()))
+            print(f"READY rank={rank} pid={os.getpid()} mode={mode}", flush=True)
         if step >= 5 and mode == "stuck" and odd:
             stuck_outside(3600)
         if step >= 5 and mode == "skip":
