@@ -47,8 +47,26 @@ def start_job(n: int, ready: Path) -> subprocess.Popen[bytes]:
     return p
 
 
+def tracers(targets: list[ranks.ProcInfo]) -> dict[int, int]:
+    out = {}
+    for t in targets:
+        with open(f"/proc/{t.pid}/status") as fh:
+            for line in fh:
+                if line.startswith("TracerPid:") and int(line.split()[1]):
+                    out[t.pid] = int(line.split()[1])
+    return out
+
+
 def detach_all(targets: list[ranks.ProcInfo]) -> None:
+    """Detach every agent, and wait until no process traces the ranks (a cold attach refuses a
+    traced target; on this shared machine something once still traced a rank right after)."""
     multirank.run_on_ranks(targets, lambda s: s.detach(), 20.0)
+    deadline = time.monotonic() + 10
+    while tracers(targets) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = tracers(targets)
+    if left:
+        print(f"warning: still traced after detach: {left}", file=sys.stderr)
 
 
 def timed(fn: object) -> float:
