@@ -60,7 +60,7 @@ def tracers(targets: list[ranks.ProcInfo]) -> dict[int, int]:
 def detach_all(targets: list[ranks.ProcInfo]) -> None:
     """Detach every agent, and wait until no process traces the ranks (a cold attach refuses a
     traced target; on this shared machine something once still traced a rank right after)."""
-    multirank.run_on_ranks(targets, lambda s: s.detach(), 20.0)
+    multirank.detach_ranks(targets, 20.0)
     deadline = time.monotonic() + 10
     while tracers(targets) and time.monotonic() < deadline:
         time.sleep(0.05)

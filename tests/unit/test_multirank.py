@@ -63,3 +63,21 @@ def test_ranks_attach_in_parallel_and_results_are_keyed_by_rank(monkeypatch: pyt
     doc = multirank.to_document(results, "stack")
     assert doc["ranks"]["3"]["pid"] == 1003 and doc["ranks"]["3"]["result"]["cmd"] == "stack"
     assert doc["failed"] == [2]
+
+
+def test_detach_touches_only_ranks_with_an_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    connected: list[int] = []
+
+    def connect(pid: int, timeout: float = 10.0, method: str = "auto") -> FakeSession:
+        connected.append(pid)
+        s = FakeSession(pid)
+        s.detach = lambda: {"detached": True}  # type: ignore[attr-defined]
+        return s
+
+    monkeypatch.setattr("flight_profiler.api.connect", connect)
+    monkeypatch.setattr(multirank, "has_agent", lambda pid: pid == 1001)
+    results = multirank.detach_ranks(_targets(3))
+    assert connected == [1001]  # no agent injected into ranks 0 and 2 just to stop it
+    assert [r.result for r in results] == [{"detached": False, "reason": "no agent"},
+                                           {"detached": True},
+                                           {"detached": False, "reason": "no agent"}]

@@ -7,6 +7,7 @@ connection, so the job's latency is that of its slowest rank, not the sum. One r
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,30 @@ def _one(target: ProcInfo, work: Callable[[Session], dict[str, Any]], timeout: f
                           error={"kind": "failed", "message": f"{type(exc).__name__}: {exc}",
                                  "hint": "", "exit_code": 1},
                           seconds=time.monotonic() - started)
+
+
+def has_agent(pid: int) -> bool:
+    """An agent's socket exists for ``pid``: connecting will not inject (the agent removes its
+    socket when it stops)."""
+    from flight_profiler.agent import protocol
+    from flight_profiler.attach import process
+    from flight_profiler.errors import FlightProfilerError
+
+    try:
+        target = process.inspect(pid, check_permissions=False)
+    except FlightProfilerError:
+        return False
+    return os.path.exists(protocol.socket_path(target.ns_pid, target.uid, target.root))
+
+
+def detach_ranks(targets: list[ProcInfo], timeout: float = 10.0) -> list[RankResult]:
+    """Detach the agents of the ranks that have one; the others are left untouched (connecting
+    to them would inject an agent only to stop it)."""
+    with_agent = [t for t in targets if has_agent(t.pid)]
+    done = run_on_ranks(with_agent, lambda s: s.detach(), timeout)
+    untouched = [RankResult(t.rank, t.pid, True, {"detached": False, "reason": "no agent"})
+                 for t in targets if t not in with_agent]
+    return sorted(done + untouched, key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
 
 
 def run_on_ranks(targets: list[ProcInfo], work: Callable[[Session], dict[str, Any]],

@@ -50,6 +50,10 @@ def run_request(targets: list[ProcInfo], req: AgentRequest, timeout: float, meth
     from flight_profiler.attach.multirank import run_on_ranks
     from flight_profiler.cli.attach_cmd import console
 
+    if req.cmd == "detach":
+        from flight_profiler.attach.multirank import detach_ranks
+
+        return detach_ranks(targets, timeout)
     lock = threading.Lock()
     by_pid = {t.pid: t.rank for t in targets}
 
@@ -78,7 +82,9 @@ def render(results: list[RankResult], req: AgentRequest, console: Console) -> No
     else:
         for r in results:
             console.rule(f"rank {r.rank} (pid {r.pid}, {r.seconds:.2f}s)")
-            if r.ok and r.result is not None:
+            if r.ok and r.result is not None and r.result.get("reason") == "no agent":
+                console.print("no agent: nothing to detach")
+            elif r.ok and r.result is not None:
                 req.render_result(r.result, console)
                 if req.after is not None:
                     req.after(r.result)

@@ -163,11 +163,9 @@ def rank_artefacts(res: DiagnoseResult) -> list[str]:
 
 
 def _detach_injected(targets: list[ProcInfo], injected: set[int], timeout: float) -> None:
-    from flight_profiler.attach.multirank import run_on_ranks
+    from flight_profiler.attach.multirank import detach_ranks
 
-    chosen = [t for t in targets if t.pid in injected]
-    if chosen:
-        run_on_ranks(chosen, lambda s: s.detach(), timeout)
+    detach_ranks([t for t in targets if t.pid in injected], timeout)
 
 
 def _quiet(_: str) -> None:
