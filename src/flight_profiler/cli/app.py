@@ -18,6 +18,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "report": "flight_profiler.cli.report_cmd:report",
     "diagnose": "flight_profiler.cli.diagnose_cmd:diagnose",
     "demo": "flight_profiler.cli.demo_cmd:demo",
+    "ps": "flight_profiler.cli.ps_cmd:ps",
 }
 
 _SHORT_HELP: dict[str, str] = {
@@ -25,6 +26,7 @@ _SHORT_HELP: dict[str, str] = {
     "report": "Diagnose traces, memory snapshots and tensor censuses.",
     "diagnose": "Run the whole diagnosis workflow against a live process.",
     "demo": "Start a bundled sample workload, diagnose it and show the report.",
+    "ps": "List Python processes to attach to; torchrun ranks grouped by job.",
 }
 
 

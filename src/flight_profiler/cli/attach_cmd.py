@@ -96,8 +96,13 @@ def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
                    "CLI), else the built-in ptrace injector (x86-64), else gdb after a self-test; "
                    "pyrasite only if installed.")
 @click.option("-v", "--verbose", is_flag=True, help="Say what the attach does, on stderr.")
+@click.option("--all-ranks", is_flag=True,
+              help="PID is a torchrun launcher or a rank: run on every local rank of its job, in "
+                   "parallel, results labelled by rank (docs/ranks.md).")
+@click.option("--ranks", "ranks_spec", metavar="LIST",
+              help="With --all-ranks (implies it): only these ranks, e.g. 0,3-5.")
 def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, method: str,
-           verbose: bool) -> None:
+           verbose: bool, all_ranks: bool, ranks_spec: str | None) -> None:
     """Attach to the live Python process PID and run COMMAND, or open a shell.
 
     \b
@@ -105,9 +110,27 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
       flight_profiler 1234 --cmd stack
       flight_profiler 1234 --cmd status --json
       flight_profiler 1234                      (shell; type `help`)
+      flight_profiler 1234 --all-ranks --cmd stack   (every rank of a torchrun job)
     """
     from flight_profiler.api import connect
+    from flight_profiler.cli import ranks_cmd
     from flight_profiler.cli.agent_commands import HelpShown, parse
+
+    if command_line is not None:
+        command_line, typed_all, typed_spec = ranks_cmd.extract_rank_options(command_line)
+        all_ranks, ranks_spec = all_ranks or typed_all, ranks_spec or typed_spec
+    if ranks_cmd.check_options(all_ranks, ranks_spec):
+        if command_line is None:
+            ranks_cmd.run_all_ranks_shell(pid, ranks_spec, as_json, timeout, method)
+        else:
+            try:
+                every_rank_ok = ranks_cmd.run_all_ranks(pid, command_line, ranks_spec, as_json,
+                                                        timeout, method)
+            except HelpShown as shown:
+                sys.exit(shown.code)
+            if not every_rank_ok:
+                sys.exit(ExitCode.COMMAND_FAILED)
+        return
 
     if command_line is not None:
         # Parse before touching the target: a malformed command leaves it unharmed.

@@ -50,8 +50,13 @@ ATTACH_TIMEOUT_MIN = 10.0
               help="Exit with code 9 when a finding is at least this severe (for CI).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result (phases, findings, files) as one JSON document.")
+@click.option("--all-ranks", is_flag=True,
+              help="PID is a torchrun launcher or rank: diagnose every local rank in parallel, "
+                   "one report for the job (docs/ranks.md).")
+@click.option("--ranks", "ranks_spec", metavar="LIST", help="With --all-ranks: only these, e.g. 0,3-5.")
 def diagnose(pid: int, target: tuple[str, ...], out_dir: str | None, calls: int,
-             duration: float, timeout: float, fail_on: str | None, as_json: bool) -> None:
+             duration: float, timeout: float, fail_on: str | None, as_json: bool,
+             all_ranks: bool, ranks_spec: str | None) -> None:
     """Diagnose the live Python process PID: memory, profile, cost, call tree, growth, report.
 
     With `module [class] method` (e.g. `train train_step` or `mypkg Trainer step`) the phases
@@ -65,6 +70,12 @@ def diagnose(pid: int, target: tuple[str, ...], out_dir: str | None, calls: int,
     from flight_profiler.diagnose.workflow import run_diagnosis
 
     method = MethodTarget.parse(target) if target else None
+    if all_ranks or ranks_spec is not None:
+        from flight_profiler.cli.diagnose_job_cmd import diagnose_all_ranks
+
+        diagnose_all_ranks(pid, ranks_spec, method, out_dir, calls, duration, timeout,
+                           max(ATTACH_TIMEOUT_MIN, timeout), fail_on, as_json)
+        return
     options = DiagnoseOptions(pid=pid, target=method, out_dir=out_dir or default_out_dir(pid),
                               calls=calls, duration=duration, timeout=timeout)
     created = not os.path.exists(options.out_dir)

@@ -12,6 +12,9 @@ _EPILOG = """\b
 Inputs are recognised by content: Chrome traces (.json, .json.gz, TensorBoard
 profiler directories), memory snapshot pickles (loaded without running code),
 tensor censuses. Several snapshots/censuses of one process are compared over time.
+Per-rank files of a distributed job (traces, snapshots, stack files; a directory
+from `diagnose --all-ranks`, or one gathered from many nodes) are compared across
+ranks: hang, desync, straggler, imbalance (docs/ranks.md).
 
 \b
 Examples:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from html import escape
 
+from flight_profiler.rank_list import ranks_label
 from flight_profiler.render.report_summary import memory_rows, ordered_fixes, perf_rows
 from flight_profiler.render.svg_charts import busy_timeline, hbars, line_chart, step_chart
 from flight_profiler.report.models import Report
@@ -98,7 +99,9 @@ def render_html(report: Report) -> str:
     for f in report.findings:
         cls = f.severity[0]
         P.append(f"<div class=\"finding {cls}\"><p><span class=\"sev {f.severity}\">{f.severity}</span> "
-                 f"<code>{escape(f.rule)}</code> <b>{escape(f.title)}</b></p><p>{escape(f.summary)}</p>")
+                 f"<code>{escape(f.rule)}</code> "
+                 + (f"[{escape(ranks_label(f.ranks))}] " if f.ranks is not None else "")
+                 + f"<b>{escape(f.title)}</b></p><p>{escape(f.summary)}</p>")
         if f.evidence:
             P.append("<ul>" + "".join(f"<li>{escape(e)}</li>" for e in f.evidence) + "</ul>")
         if f.where:

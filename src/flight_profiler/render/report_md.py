@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from flight_profiler.rank_list import ranks_label
 from flight_profiler.render.report_summary import hot_rows, memory_rows, ordered_fixes, perf_rows
 from flight_profiler.report.models import Report
 
@@ -66,7 +67,8 @@ def render_markdown(report: Report) -> str:
     if not report.findings:
         L += ["Nothing to show.", ""]
     for f in report.findings:
-        L.append(f"### [{_ICON[f.severity]}] `{f.rule}`: {f.title}")
+        who = ranks_label(f.ranks)
+        L.append(f"### [{_ICON[f.severity]}] `{f.rule}`{f' ({who})' if who else ''}: {f.title}")
         L += ["", f.summary, ""]
         L += [f"- {e}" for e in f.evidence]
         if f.where:

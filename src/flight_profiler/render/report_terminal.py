@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flight_profiler.rank_list import ranks_label
 from flight_profiler.render.report_summary import hot_rows, memory_rows, ordered_fixes, perf_rows
 from flight_profiler.report.models import Report
 
@@ -20,7 +21,8 @@ def print_report(report: Report, console: Any = None) -> None:
     for col in ("severity", "rule", "finding", "where"):
         t.add_column(col, overflow="fold")
     for f in problems:
-        t.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.rule, f.summary,
+        who = ranks_label(f.ranks)
+        t.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.rule + (f"\n({who})" if who else ""), f.summary,
                   "\n".join(f.where[:3]))
     if problems:
         con.print(t)

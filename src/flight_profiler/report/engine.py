@@ -11,6 +11,7 @@ from typing import Any
 from flight_profiler.report.loaders import expand, load_one
 from flight_profiler.report.models import SEVERITY_RANK, Finding, InputResult, Report
 from flight_profiler.report.rules import Context, all_rules
+from flight_profiler.report.rules.job_common import tag_ranks
 
 
 def _series(items: list[InputResult]) -> list[list[InputResult]]:
@@ -41,6 +42,7 @@ def build_context(inputs: list[InputResult]) -> Context:
         traces=[i for i in ok if i.kind == "trace"],
         snapshots=[i for i in ok if i.kind == "snapshot"],
         censuses=[i for i in ok if i.kind == "census"],
+        stacks=[i for i in ok if i.kind == "stacks"],
     )
     ctx.snapshot_series = _series(ctx.snapshots)
     ctx.census_series = _series(ctx.censuses)
@@ -97,5 +99,6 @@ def analyze(paths: Iterable[str], jobs: int | None = None) -> Report:
     findings: list[Finding] = []
     for rule in all_rules():
         findings.extend(rule.check(ctx))
+    tag_ranks(inputs, findings)
     findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.rule))
     return Report(inputs=inputs, findings=findings, series=_series_data(ctx))

@@ -16,8 +16,10 @@ import zlib
 from typing import Any
 
 from flight_profiler.report.census import CensusFormatError, parse_census
+from flight_profiler.report.job_metrics import job_metrics
 from flight_profiler.report.jsonstream import TraceFormatError
 from flight_profiler.report.models import InputResult
+from flight_profiler.report.rank_stacks import StacksFormatError, parse_stacks
 from flight_profiler.report.safe_pickle import UnsafePickle, looks_like_pickle
 from flight_profiler.report.snapshot import SnapshotFormatError, parse_snapshot
 from flight_profiler.report.trace_loader import load_trace
@@ -41,6 +43,24 @@ def expand(paths: list[str]) -> list[str]:
                 found.update(glob.glob(os.path.join(p, "**", pattern), recursive=True))
             out.extend(sorted(found) if found else [p])
         else:
+            out.append(p)
+    return _distinct_files(out)
+
+
+def _distinct_files(paths: list[str]) -> list[str]:
+    """One path per file: a directory may hold hard links to the same trace (diagnose
+    --all-ranks' HTA directory), which must not count twice."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            out.append(p)  # reported as unreadable by load_one
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key not in seen or os.path.isdir(p):
+            seen.add(key)
             out.append(p)
     return out
 
@@ -108,6 +128,8 @@ def _load(path: str) -> InputResult:
         except (CensusFormatError, UnicodeDecodeError, TraceFormatError) as exc:
             return InputResult(path, "census", False, f"bad tensor census: {exc}")
         return InputResult(path, "census", True, data=data)
+    if b'"flight_profiler.rank_stacks"' in head:
+        return _load_stacks(path, gz)
     try:
         raw = load_trace(path)
     except TraceFormatError as exc:
@@ -121,7 +143,16 @@ def _load(path: str) -> InputResult:
     rank = _rank(raw.meta)
     metrics["trace_name"] = raw.meta.get("traceName")
     metrics["device_properties"] = _devices(raw.meta)
+    metrics["distributed"] = job_metrics(raw)
     return InputResult(path, "trace", True, data=metrics, rank=rank)
+
+
+def _load_stacks(path: str, gz: bool) -> InputResult:
+    try:
+        data = parse_stacks(_read_all(path, gz).decode("utf-8"))
+    except (StacksFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+        return InputResult(path, "stacks", False, f"bad rank stacks file: {exc}")
+    return InputResult(path, "stacks", True, data=data, rank=data["rank"])
 
 
 def _rank(meta: dict[str, Any]) -> int | None:

@@ -33,6 +33,8 @@ class Finding:
     root_cause: str = ""
     inputs: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # The ranks a job-level finding is about (None: not a job finding; []: the whole job).
+    ranks: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITY_RANK:
@@ -44,6 +46,7 @@ class Finding:
             "summary": self.summary, "evidence": list(self.evidence), "where": list(self.where),
             "fix": list(self.fix), "root_cause": self.root_cause, "inputs": list(self.inputs),
             "metrics": self.metrics,
+            **({"ranks": list(self.ranks)} if self.ranks is not None else {}),
         }
 
 
@@ -66,7 +69,11 @@ class InputResult:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": self.path, "kind": self.kind, "ok": self.ok,
                              "error": self.error, "elapsed_s": round(self.elapsed_s, 4)}
-        if self.kind == "trace":
+        if self.kind == "stacks":
+            d["rank"] = self.rank
+            if self.ok:  # the samples themselves stay in the input file
+                d["data"] = {"pid": self.data.get("pid"), "samples": len(self.data.get("samples", []))}
+        elif self.kind == "trace":
             d["rank"] = self.rank
             d["metrics"] = self.data
         elif self.ok:

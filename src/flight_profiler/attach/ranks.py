@@ -1,0 +1,227 @@
+"""Find Python processes and the ranks of distributed jobs (torchrun / elastic agent), with psutil.
+
+A torchrun job on one node is an elastic agent (``python -m torch.distributed.run`` or
+``torchrun``) whose children are the ranks; each rank's environment carries RANK, LOCAL_RANK,
+WORLD_SIZE, TORCHELASTIC_RUN_ID and MASTER_ADDR/PORT. Ranks are grouped into a job by
+(run id, master address, master port), so that ranks started by other launchers (SLURM srun,
+mpirun, a hand-made script) are grouped as well.
+
+The pure functions (``group_jobs``, ``job_of``, ``select_ranks``) take plain records, so
+they are unit-tested without live processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flight_profiler.errors import ProcessNotFound, UsageError
+from flight_profiler.rank_list import format_ranks, parse_ranks
+
+__all__ = ["Job", "ProcInfo", "format_ranks", "group_jobs", "job_of", "parse_ranks", "scan",
+           "select_ranks"]
+
+_DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+              "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_PYTHON_NAME = re.compile(r"python", re.IGNORECASE)
+
+
+@dataclass
+class ProcInfo:
+    """What a user needs to pick a process, and what groups ranks into jobs."""
+
+    pid: int
+    ppid: int
+    user: str
+    cmdline: list[str]
+    python: str | None  # "3.11", None when not recognised
+    torch: bool  # libtorch is mapped: torch is imported
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    run_id: str | None = None
+    master: str | None = None  # "addr:port"
+    launcher: bool = False  # a torchrun / elastic agent process
+    launcher_pid: int | None = None  # the rank's torchrun parent, if any
+    worker_of: int | None = None  # a DataLoader / multiprocessing child of this rank's pid
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Job:
+    """The ranks of one distributed job that live on this node."""
+
+    key: str
+    launcher_pid: int | None
+    world_size: int | None
+    ranks: list[ProcInfo] = field(default_factory=list)
+    # Children of ranks that inherited their environment (DataLoader workers): not ranks.
+    workers: list[ProcInfo] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "launcher_pid": self.launcher_pid, "world_size": self.world_size,
+                "ranks": [r.to_dict() for r in self.ranks],
+                "workers": [w.to_dict() for w in self.workers]}
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def from_environ(info: ProcInfo, env: dict[str, str]) -> ProcInfo:
+    """Fill the distributed fields of ``info`` from a process environment."""
+    info.rank = _int(env.get("RANK"))
+    info.local_rank = _int(env.get("LOCAL_RANK"))
+    info.world_size = _int(env.get("WORLD_SIZE"))
+    info.run_id = env.get("TORCHELASTIC_RUN_ID")
+    if env.get("MASTER_ADDR") or env.get("MASTER_PORT"):
+        info.master = f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    return info
+
+
+def is_launcher(cmdline: list[str]) -> bool:
+    """``torchrun ...``, ``python .../torchrun ...`` or ``python -m torch.distributed.run|launch``."""
+    if not cmdline:
+        return False
+    if any(os.path.basename(part) == "torchrun" for part in cmdline[:2]):
+        return True
+    return any(part == "-m" and cmdline[i + 1] in _LAUNCHER_MODULES
+               for i, part in enumerate(cmdline[:-1]))
+
+
+def job_key(info: ProcInfo) -> str | None:
+    """Ranks with the same key belong to one job; None for a process that is no rank."""
+    if info.rank is None:
+        return None
+    if info.run_id is None and info.master is None:
+        return f"launcher:{info.launcher_pid}" if info.launcher_pid else None
+    return f"{info.run_id or '-'}@{info.master or '-'}"
+
+
+def mark_workers(procs: list[ProcInfo]) -> None:
+    """A DataLoader worker (or any multiprocessing child) inherits its rank's environment, RANK
+    included: a process whose parent has the same rank in the same job is that rank's worker."""
+    by_pid = {p.pid: p for p in procs}
+    for p in procs:
+        parent = by_pid.get(p.ppid) if p.ppid != p.pid else None
+        if (p.rank is not None and parent is not None and parent.rank == p.rank
+                and (parent.run_id, parent.master) == (p.run_id, p.master)):
+            p.worker_of = parent.pid
+            p.launcher_pid = parent.launcher_pid
+
+
+def group_jobs(procs: list[ProcInfo]) -> list[Job]:
+    """Group the ranks into jobs, each ordered by rank (jobs ordered by launcher pid)."""
+    mark_workers(procs)
+    jobs: dict[str, Job] = {}
+    for p in procs:
+        key = job_key(p)
+        if key is None:
+            continue
+        job = jobs.get(key)
+        if job is None:
+            job = jobs[key] = Job(key, p.launcher_pid, p.world_size)
+        if p.worker_of is not None:
+            job.workers.append(p)
+            continue
+        job.ranks.append(p)
+        if job.launcher_pid is None:
+            job.launcher_pid = p.launcher_pid
+    for job in jobs.values():
+        job.ranks.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
+    return sorted(jobs.values(), key=lambda j: (j.launcher_pid or 0, j.key))
+
+
+def job_of(pid: int, procs: list[ProcInfo]) -> Job:
+    """The job that ``pid`` belongs to: ``pid`` is a rank, or the launcher of the ranks."""
+    jobs = group_jobs(procs)
+    for job in jobs:
+        if job.launcher_pid == pid or any(r.pid == pid for r in job.ranks):
+            return job
+        if any(w.pid == pid for w in job.workers):
+            raise UsageError(f"process {pid} is a DataLoader / multiprocessing worker of a rank, "
+                             "not a rank", "pass the pid of the rank or of the torchrun launcher")
+    if not any(p.pid == pid for p in procs) and not os.path.exists(f"/proc/{pid}"):
+        raise ProcessNotFound(f"no process {pid} that this user may inspect",
+                              "check the pid with `flight_profiler ps`")
+    raise UsageError(f"process {pid} is neither a rank (no RANK in its environment) nor a "
+                     "torchrun launcher of ranks",
+                     "pass the pid of the torchrun launcher or of any rank "
+                     "(`flight_profiler ps` lists them by job)")
+
+
+def select_ranks(job: Job, wanted: set[int] | None) -> list[ProcInfo]:
+    if wanted is None:
+        return list(job.ranks)
+    picked = [r for r in job.ranks if r.rank in wanted]
+    missing = sorted(wanted - {r.rank for r in picked if r.rank is not None})
+    if missing:
+        here = ", ".join(str(r.rank) for r in job.ranks)
+        raise UsageError(f"rank(s) {format_ranks(missing)} are not on this node (here: {here})",
+                         "run flight_profiler on the node that hosts them, or pick among these")
+    return picked
+
+
+# -- live processes (psutil) ----------------------------------------------------------------
+
+def _python_and_torch(proc: Any) -> tuple[str | None, bool]:
+    from flight_profiler.attach.process import python_version_from
+
+    # /proc/PID/maps, not psutil's memory_maps(): that one parses smaps, ~100x slower, and
+    # the mapped file names are all that is needed here.
+    try:
+        with open(f"/proc/{proc.pid}/maps", encoding="utf-8", errors="replace") as fh:
+            maps = fh.read()
+        exe = proc.exe()
+    except Exception:  # psutil.Error, OSError: a process that vanished or is not ours
+        return None, False
+    version, _ = python_version_from(exe, maps)
+    return (f"{version[0]}.{version[1]}" if version else None), "libtorch" in maps
+
+
+def scan(include_all: bool = False, ranks_only: bool = False) -> list[ProcInfo]:
+    """Python processes this user may inspect (all users' with ``include_all``), launchers
+    and ranks included; the calling process left out. ``ranks_only``: just launchers and
+    processes with a RANK, without reading their memory maps (what --all-ranks needs)."""
+    import psutil  # type: ignore[import-untyped]
+
+    me = os.getpid()
+    uid = os.geteuid()
+    out: list[ProcInfo] = []
+    for proc in psutil.process_iter(["pid", "ppid", "username", "cmdline", "name", "uids"]):
+        info = proc.info
+        if info["pid"] == me or not info.get("cmdline"):
+            continue
+        if not include_all and uid != 0 and info["uids"] is not None and info["uids"].effective != uid:
+            continue
+        cmdline = list(info["cmdline"])
+        if not (_PYTHON_NAME.search(info.get("name") or "") or _PYTHON_NAME.search(cmdline[0])
+                or is_launcher(cmdline)):
+            continue
+        p = ProcInfo(pid=info["pid"], ppid=info["ppid"] or 0, user=info["username"] or "?",
+                     cmdline=cmdline, python=None, torch=False, launcher=is_launcher(cmdline))
+        # psutil.AccessDenied on another user's process: listed, without rank facts.
+        with contextlib.suppress(Exception):
+            from_environ(p, proc.environ())
+        if ranks_only:
+            if p.rank is None and not p.launcher:
+                continue
+        else:
+            p.python, p.torch = _python_and_torch(proc)
+            if p.python is None:
+                continue
+        out.append(p)
+    launchers = {p.pid for p in out if p.launcher}
+    for p in out:
+        if p.rank is not None and p.ppid in launchers:
+            p.launcher_pid = p.ppid
+    return out

@@ -1,0 +1,85 @@
+"""`flight_profiler diagnose PID --all-ranks`: find the ranks, run the job diagnosis, render it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from flight_profiler.errors import ExitCode
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from flight_profiler.diagnose.all_ranks import JobDiagnosis
+    from flight_profiler.diagnose.model import MethodTarget
+
+
+def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | None,
+                       out_dir: str | None, calls: int, duration: float, timeout: float,
+                       attach_timeout: float, fail_on: str | None, as_json: bool) -> None:
+    from flight_profiler.cli.diagnose_cmd import prepare_out_dir
+    from flight_profiler.cli.ranks_cmd import job_targets
+    from flight_profiler.diagnose import default_out_dir
+    from flight_profiler.diagnose.all_ranks import diagnose_job
+
+    targets = job_targets(pid, ranks_spec)
+    out = out_dir or default_out_dir(pid, "flight_profiler-job")
+    prepare_out_dir(out, targets[0].pid if targets else pid)
+    if not as_json:
+        sys.stderr.write(f"diagnosing {len(targets)} rank(s) of the job of pid {pid} into {out}\n")
+    def say(text: str) -> None:
+        if not as_json:
+            sys.stderr.write(f"[diagnose] {text}\n")
+            sys.stderr.flush()
+
+    job = diagnose_job(targets, out, method, calls, duration, timeout, attach_timeout, say)
+    code = ExitCode.OK
+    if fail_on and job.report is not None and job.report.reaches(fail_on):
+        code = ExitCode.FINDINGS
+    elif fail_on and job.report is None:
+        code = ExitCode.COMMAND_FAILED
+    if as_json:
+        doc = job.to_dict()
+        doc["exit_code"] = code
+        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        from rich.console import Console
+
+        render(job, Console())
+    if code:
+        sys.exit(code)
+
+
+def render(job: JobDiagnosis, console: Console) -> None:
+    from rich.markup import escape
+
+    from flight_profiler.rank_list import ranks_label
+
+    for r in job.stack_results:
+        if not r.ok and r.error:
+            console.print(f"[red]rank {r.rank} (pid {r.pid}): {escape(str(r.error.get('message')))}[/red]")
+    for r in job.rank_results:
+        if not r.ok and r.error:
+            console.print(f"[red]rank {r.rank} (pid {r.pid}) diagnosis failed: "
+                          f"{escape(str(r.error.get('message')))}[/red]")
+    if job.skipped_phases:
+        console.print(f"[yellow]per-rank phases skipped: {escape(job.skipped_phases)}[/yellow]")
+    report = job.report
+    if report is None:
+        console.print("no report: nothing could be collected from the ranks")
+        return
+    if not report.findings:
+        console.print("[green]no problem found on any rank[/green]")
+    for f in report.findings:
+        who = ranks_label(f.ranks)
+        colour = {"critical": "red", "warning": "yellow"}.get(f.severity, "cyan")
+        console.print(f"[{colour}]{f.severity}[/{colour}] [bold]{escape(f.rule)}[/bold]"
+                      f"{escape(' [' + who + ']') if who else ''}: {escape(f.title)}", highlight=False)
+        console.print(f"  {escape(f.summary)}", highlight=False)
+        for w in f.where[:4]:
+            console.print(f"  at {escape(w)}", highlight=False)
+    for fmt, path in job.outputs.items():
+        console.print(f"{fmt}: {path}", highlight=False)
+    console.print(f"done in {job.seconds:.1f} s", highlight=False)

@@ -1,0 +1,222 @@
+"""``diagnose PID --all-ranks``: the per-process workflow on every local rank at once, one report
+for the job.
+
+1. Stack samples of every rank, in parallel, before anything else touches the job: a hung or
+   desynchronised job is diagnosed from them alone (its ranks never reach a safe point or call
+   the method again, so the per-rank phases would only wait for their timeouts).
+2. Otherwise the existing workflow (``run_diagnosis``) runs on each rank in parallel, each into
+   ``OUT/rank<N>/``.
+3. The report engine reads every rank's artefacts and the stack files together: the job rules
+   compare ranks, and each finding lists the ranks it is about (job-wide ones list none).
+Agents this command injected are detached at the end: nothing stays attached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from flight_profiler.diagnose.model import DiagnoseOptions, DiagnoseResult, MethodTarget
+from flight_profiler.diagnose.outputs import write_atomic
+
+if TYPE_CHECKING:
+    from flight_profiler.api import Session
+    from flight_profiler.attach.multirank import RankResult
+    from flight_profiler.attach.ranks import ProcInfo
+    from flight_profiler.report.models import Report
+
+STACK_SAMPLES = 3
+SAMPLE_GAP_S = 0.5
+STACKS_DIR = "stacks"
+TRACES_DIR = "traces"
+# Rules whose critical finding means the ranks are stuck: the per-rank phases are skipped.
+_STUCK_RULES = ("job-hang", "job-desync")
+
+
+@dataclass
+class JobDiagnosis:
+    out_dir: str
+    targets: list[ProcInfo]
+    stack_results: list[RankResult] = field(default_factory=list)
+    rank_results: list[RankResult] = field(default_factory=list)
+    report: Report | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
+    skipped_phases: str = ""  # why the per-rank workflow did not run
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        ranks: dict[str, Any] = {}
+        for r in self.stack_results:
+            ranks[str(r.rank)] = {"pid": r.pid, "stacks_ok": r.ok, "error": r.error}
+        for r in self.rank_results:
+            entry = ranks.setdefault(str(r.rank), {"pid": r.pid})
+            entry["diagnose_ok"] = r.ok
+            if r.ok and r.result is not None:
+                res: DiagnoseResult = r.result["diagnosis"]
+                entry["out_dir"] = res.options.out_dir
+                entry["phases"] = {p.name: p.status for p in res.phases}
+            else:
+                entry["error"] = r.error
+        return {"format": "flight_profiler.diagnose_job", "version": 1, "out_dir": self.out_dir,
+                "seconds": round(self.seconds, 3), "ranks": ranks,
+                "per_rank_phases_skipped": self.skipped_phases or None,
+                "outputs": self.outputs,
+                "findings": [f.to_dict() for f in self.report.findings] if self.report else []}
+
+
+def flight_recorder(session: Session) -> dict[str, Any] | None:
+    """The rank's Flight Recorder summary when the job runs with it, else None."""
+    from flight_profiler.errors import FlightProfilerError
+
+    try:
+        fr = session.request("torch fr")
+    except FlightProfilerError:  # no torch, no distributed build, an older agent
+        return None
+    return fr if fr.get("enabled") else None
+
+
+def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
+                  samples: int = STACK_SAMPLES, gap: float = SAMPLE_GAP_S) -> tuple[list[RankResult], list[str]]:
+    """``samples`` stack samples per rank, ``gap`` seconds apart, in parallel; one file per rank."""
+    from flight_profiler.attach.multirank import run_on_ranks
+    from flight_profiler.report.rank_stacks import stacks_document
+
+    def work(session: Session) -> dict[str, Any]:
+        taken = []
+        for i in range(samples):
+            if i:
+                time.sleep(gap)
+            res = session.request("stack", {"all": False, "limit": 200})
+            res["time"] = time.time()
+            taken.append(res)
+        return {"samples": taken, "flight_recorder": flight_recorder(session)}
+
+    results = run_on_ranks(targets, work, timeout)
+    directory = os.path.join(out_dir, STACKS_DIR)
+    os.makedirs(directory, exist_ok=True)
+    world = {t.pid: t.world_size for t in targets}
+    files = []
+    for r in results:
+        if not r.ok or r.result is None:
+            continue
+        doc = stacks_document(r.rank, r.pid, world.get(r.pid), r.result["samples"],
+                              r.result.get("flight_recorder"))
+        path = os.path.join(directory, f"stacks_rank{r.rank}.json")
+        write_atomic(path, json.dumps(doc))
+        files.append(path)
+    return results, files
+
+
+def _diagnose_ranks(targets: list[ProcInfo], base: DiagnoseOptions, attach_timeout: float) -> list[RankResult]:
+    from flight_profiler.attach.multirank import run_on_ranks
+    from flight_profiler.diagnose.driver import SessionDriver
+    from flight_profiler.diagnose.workflow import run_diagnosis
+
+    rank_of = {t.pid: t.rank for t in targets}
+
+    def work(session: Session) -> dict[str, Any]:
+        options = DiagnoseOptions(pid=session.pid, target=base.target,
+                                  out_dir=os.path.join(base.out_dir, f"rank{rank_of[session.pid]}"),
+                                  calls=base.calls, duration=base.duration, timeout=base.timeout)
+        driver = SessionDriver(session, connect_timeout=attach_timeout)
+        return {"diagnosis": run_diagnosis(driver, options, None, session.attach_seconds)}
+
+    return run_on_ranks(targets, work, attach_timeout)
+
+
+def hta_directory(out_dir: str, results: list[RankResult]) -> dict[str, str]:
+    """OUT/traces/rank<N>.pt.trace.json.gz, one per rank and nothing else: Holistic Trace
+    Analysis reads every .json/.gz file of its trace directory and needs each to carry
+    distributedInfo.rank (torch's profiler writes it), so censuses or reports beside the traces
+    would break it. Hard links (copies across file systems)."""
+    import shutil
+
+    directory = os.path.join(out_dir, TRACES_DIR)
+    made = False
+    for r in results:
+        if not r.ok or r.result is None:
+            continue
+        traces = [f for f in rank_artefacts(r.result["diagnosis"])
+                  if f.endswith((".json.gz", ".json")) and os.path.basename(f).startswith("profile")]
+        if not traces:
+            continue
+        os.makedirs(directory, exist_ok=True)
+        ext = ".json.gz" if traces[0].endswith(".gz") else ".json"
+        target = os.path.join(directory, f"rank{r.rank}.pt.trace{ext}")
+        if os.path.exists(target):
+            os.unlink(target)
+        try:
+            os.link(traces[0], target)
+        except OSError:
+            shutil.copyfile(traces[0], target)
+        made = True
+    return {"hta_trace_dir": directory} if made else {}
+
+
+def rank_artefacts(res: DiagnoseResult) -> list[str]:
+    """What a rank's phases wrote (traces, snapshots, censuses), not its own report files."""
+    return [f for p in res.phases if p.name != "report" for f in p.files
+            if os.path.exists(f) and not f.endswith("diagnose.json")]
+
+
+def _detach_injected(targets: list[ProcInfo], injected: set[int], timeout: float) -> None:
+    from flight_profiler.attach.multirank import detach_ranks
+
+    detach_ranks([t for t in targets if t.pid in injected], timeout)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | None, calls: int,
+                 duration: float, timeout: float, attach_timeout: float,
+                 say: Callable[[str], None] = _quiet) -> JobDiagnosis:
+    from flight_profiler.rank_list import format_ranks
+    from flight_profiler.report import analyze
+
+    started = time.monotonic()
+    job = JobDiagnosis(out_dir, targets)
+    os.makedirs(out_dir, exist_ok=True)
+    injected: set[int] = set()
+    names = format_ranks([t.rank for t in targets if t.rank is not None])
+    try:
+        say(f"stack samples of ranks {names} ({STACK_SAMPLES} each, in parallel)")
+        job.stack_results, files = sample_stacks(targets, out_dir, attach_timeout)
+        injected = {r.pid for r in job.stack_results if r.injected}
+        stuck = analyze(files, jobs=1) if files else None
+        critical = [f for f in (stuck.findings if stuck else [])
+                    if f.rule in _STUCK_RULES and f.severity == "critical"]
+        if critical:
+            job.skipped_phases = ("the ranks are stuck in collectives (" + critical[0].title +
+                                  "): per-rank phases would only wait for their timeouts")
+            say(f"stuck: {critical[0].title}; per-rank phases skipped")
+        else:
+            say(f"the diagnosis workflow on ranks {names} in parallel (each into {out_dir}/rank<N>)")
+            base = DiagnoseOptions(pid=0, target=target, out_dir=out_dir, calls=calls,
+                                   duration=duration, timeout=timeout)
+            job.rank_results = _diagnose_ranks(targets, base, attach_timeout)
+            injected |= {r.pid for r in job.rank_results if r.injected}
+            for r in job.rank_results:
+                if r.ok and r.result is not None:
+                    files.extend(rank_artefacts(r.result["diagnosis"]))
+            job.outputs.update(hta_directory(out_dir, job.rank_results))
+        if files:
+            say(f"the job report from {len(files)} file(s)")
+            job.report = analyze(files)
+            for f in job.report.findings:
+                if f.ranks is None:  # in a job report every finding says its ranks: [] = all
+                    f.ranks = []
+            for fmt in ("md", "json", "html"):
+                path = os.path.join(out_dir, f"report.{fmt}")
+                job.report.write(path, fmt)
+                job.outputs[fmt] = path
+    finally:
+        _detach_injected(targets, injected, attach_timeout)
+        job.seconds = time.monotonic() - started
+        write_atomic(os.path.join(out_dir, "diagnose_job.json"),
+                     json.dumps(job.to_dict(), indent=2, default=str) + "\n")
+    return job

@@ -1,0 +1,210 @@
+"""Where each rank is, from its Python stacks: in a collective, loading data, or in Python code;
+and ranks grouped by identical stacks ("ranks 0,1,3-7: all_reduce at train.py:88").
+
+Input is the ``stack`` command's result (``{"threads": [{"name", "main", "frames": [...]}]}``,
+frames outermost first), one per rank; everything here is pure and works on recorded data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+# torch.distributed's Python entry points of collectives (the wait happens inside them).
+_C10D_FILES = ("distributed_c10d.py",)
+_DATA_DIR = os.sep.join(("torch", "utils", "data")) + os.sep
+_TORCH_DIR = os.sep + "torch" + os.sep
+
+
+@dataclass(frozen=True)
+class Position:
+    """What a rank's busiest thread is doing, and the user's line that got it there."""
+
+    kind: str  # collective | data | python | idle
+    op: str | None  # the collective (all_reduce, barrier...) when kind == "collective"
+    where: str  # "train.py:88" (the user's frame)
+    function: str  # the user's function at ``where``
+    path: str = ""  # full file name of ``where``
+
+    def describe(self) -> str:
+        if self.kind == "collective":
+            return f"{self.op} at {self.where} (in {self.function})"
+        if self.kind == "data":
+            return f"data loading at {self.where} (in {self.function})"
+        if self.kind == "idle":
+            return "no Python frame (idle or in native code)"
+        return f"{self.function} at {self.where}"
+
+
+def _is_torch(path: str) -> bool:
+    return _TORCH_DIR in path or path.startswith("torch" + os.sep)
+
+
+def _site(frame: dict[str, Any]) -> tuple[str, str, str]:
+    path = str(frame.get("file", "?"))
+    return f"{os.path.basename(path)}:{frame.get('line', '?')}", str(frame.get("function", "?")), path
+
+
+def position(frames: list[dict[str, Any]]) -> Position:
+    """Classify one thread's stack (outermost frame first)."""
+    if not frames:
+        return Position("idle", None, "-", "-")
+    collective: str | None = None
+    data = False
+    user: dict[str, Any] | None = None
+    for frame in frames:
+        path = str(frame.get("file", ""))
+        if path.endswith(_C10D_FILES):
+            collective = str(frame.get("function", "?"))  # innermost c10d frame wins
+        elif _DATA_DIR in path:
+            data = True
+        if not _is_torch(path) and collective is None and not data:
+            user = frame  # the last frame of the user's own code before torch took over
+    chosen = user or frames[-1]
+    where, function, path = _site(chosen)
+    if collective is not None:
+        return Position("collective", collective.rsplit(".", 1)[-1], where, function, path)
+    if data:
+        return Position("data", None, where, function, path)
+    return Position("python", None, where, function, path)
+
+
+def primary_thread(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The thread that tells where the rank is: one in a collective (torch work may run in a
+    worker thread), else the main thread, else the first one."""
+    threads: list[dict[str, Any]] = [t for t in result.get("threads", []) if not t.get("agent")]
+    if not threads:
+        return None
+    for t in threads:
+        if position(t.get("frames", [])).kind == "collective":
+            return t
+    for t in threads:
+        if t.get("main"):
+            return t
+    return threads[0]
+
+
+def rank_position(result: dict[str, Any]) -> Position:
+    thread = primary_thread(result)
+    return position(thread.get("frames", [])) if thread else Position("idle", None, "-", "-")
+
+
+def stack_key(frames: list[dict[str, Any]]) -> tuple[tuple[str, int, str], ...]:
+    return tuple((str(f.get("file")), int(f.get("line") or 0), str(f.get("function")))
+                 for f in frames)
+
+
+@dataclass
+class StackGroup:
+    """Ranks whose thread ``thread`` has the very same stack."""
+
+    ranks: list[int]
+    thread: str
+    position: Position
+    frames: list[dict[str, Any]]
+    primary: bool  # the rank's primary thread (see primary_thread)
+    odd: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ranks": self.ranks, "thread": self.thread, "primary": self.primary,
+                "odd": self.odd, "kind": self.position.kind, "op": self.position.op,
+                "where": self.position.where, "function": self.position.function,
+                "summary": self.position.describe(), "frames": self.frames}
+
+
+@dataclass
+class Grouping:
+    groups: list[StackGroup] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+
+    @property
+    def primary(self) -> list[StackGroup]:
+        return [g for g in self.groups if g.primary]
+
+    @property
+    def odd(self) -> list[StackGroup]:
+        return [g for g in self.groups if g.odd]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ranks": self.ranks, "groups": [g.to_dict() for g in self.groups],
+                "odd_ranks": sorted({r for g in self.odd for r in g.ranks})}
+
+
+def group_stacks(per_rank: dict[int, dict[str, Any]], all_threads: bool = True) -> Grouping:
+    """Group ranks by identical stacks, primary threads first, biggest groups first.
+
+    A primary-thread group is odd when it is not the (strictly) biggest one: with ranks
+    0-6 in all_reduce and rank 7 sleeping, rank 7 is odd. Without a biggest group, the groups
+    outside any collective are odd when others are in one; nothing is odd when every rank has
+    the same stack.
+    """
+    buckets: dict[tuple[Any, ...], StackGroup] = {}
+    for rank in sorted(per_rank):
+        result = per_rank[rank]
+        main = primary_thread(result)
+        for t in result.get("threads", []):
+            if t.get("agent"):
+                continue
+            is_primary = t is main
+            if not is_primary and not all_threads:
+                continue
+            frames = t.get("frames", [])
+            name = "" if is_primary else str(t.get("name", "?"))
+            key = (is_primary, name, stack_key(frames))
+            g = buckets.get(key)
+            if g is None:
+                g = buckets[key] = StackGroup([], str(t.get("name", "?")), position(frames),
+                                              frames, is_primary)
+            g.ranks.append(rank)
+    groups = sorted(buckets.values(), key=lambda g: (not g.primary, -len(g.ranks), g.ranks))
+    primaries = [g for g in groups if g.primary]
+    if len(primaries) >= 2 and len(primaries[0].ranks) > len(primaries[1].ranks):
+        for g in primaries[1:]:
+            g.odd = True
+    elif any(g.position.kind == "collective" for g in primaries):
+        # No majority (e.g. 2 ranks): the ones outside every collective are the odd ones.
+        for g in primaries:
+            g.odd = g.position.kind != "collective"
+    return Grouping(groups, sorted(per_rank))
+
+
+# -- per-rank stack files (written by `diagnose --all-ranks`, read by `report`) -------------
+
+FORMAT = "flight_profiler.rank_stacks"
+VERSION = 1
+
+
+class StacksFormatError(ValueError):
+    pass
+
+
+def stacks_document(rank: int | None, pid: int, world_size: int | None,
+                    samples: list[dict[str, Any]],
+                    flight_recorder: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One rank's stack samples (``stack`` results, oldest first, each with its ``time``)."""
+    return {"format": FORMAT, "version": VERSION, "rank": rank, "pid": pid,
+            "world_size": world_size, "samples": samples, "flight_recorder": flight_recorder}
+
+
+def parse_stacks(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StacksFormatError(f"invalid JSON at character {exc.pos}: {exc.msg}") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise StacksFormatError(f'not a rank stacks file (no "format": "{FORMAT}")')
+    if obj.get("version") != VERSION:
+        raise StacksFormatError(f"unsupported version {obj.get('version')!r} (this reads {VERSION})")
+    samples = obj.get("samples")
+    if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+        raise StacksFormatError('"samples" is not a list of stack results')
+    rank = obj.get("rank")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+        raise StacksFormatError('"rank" is not an integer')
+    fr = obj.get("flight_recorder")
+    return {"kind": "stacks", "rank": rank, "pid": obj.get("pid"),
+            "world_size": obj.get("world_size"), "samples": samples,
+            "flight_recorder": fr if isinstance(fr, dict) else None}

@@ -1,0 +1,187 @@
+"""Whole jobs: real torchrun jobs (gloo, CPU, 2-3 ranks) with one planted problem each, seen
+through `ps`, `PID --all-ranks --cmd ...` and `diagnose PID --all-ranks`.
+
+Each test checks the diagnosis names the right rank, that every rank is still alive afterwards
+and that nothing is left attached (no agent socket, no tracer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flight_profiler.agent import protocol
+from support import torch_available
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch_available(), reason="torchrun jobs need torch"),
+]
+
+CLI = [sys.executable, "-m", "flight_profiler"]
+WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "distributed_job.py"
+
+
+class Job:
+    def __init__(self, popen: subprocess.Popen[bytes], ready: Path, n: int, log: Path) -> None:
+        self.popen, self.ready, self.n, self.log = popen, ready, n, log
+        self.launcher = popen.pid
+
+    def wait_ready(self, timeout: float = 120.0) -> dict[int, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            files = list(self.ready.glob("rank*"))
+            if len(files) == self.n and all(f.read_text() for f in files):
+                return {int(f.name[4:]): int(f.read_text()) for f in files}
+            assert self.popen.poll() is None, self.log.read_text()[-3000:]
+            time.sleep(0.2)
+        raise AssertionError("the ranks did not start: " + self.log.read_text()[-3000:])
+
+
+@pytest.fixture
+def torchrun(tmp_path: Path) -> Iterator[Any]:
+    jobs: list[Job] = []
+
+    def start(mode: str, n: int, env: dict[str, str] | None = None) -> Job:
+        ready = tmp_path / f"ready-{mode}"
+        ready.mkdir()
+        log = tmp_path / f"{mode}.log"
+        with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                 "--standalone", str(WORKLOAD), mode, str(ready)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **(env or {})})
+        job = Job(popen, ready, n, log)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        if job.popen.poll() is None:
+            os.killpg(job.popen.pid, signal.SIGTERM)
+            try:
+                job.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.popen.pid, signal.SIGKILL)
+                job.popen.wait(10)
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_alive_and_clean(pids: dict[int, int]) -> None:
+    for rank, pid in pids.items():
+        assert os.path.exists(f"/proc/{pid}"), f"rank {rank} died"
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert "TracerPid:\t0" in status, f"rank {rank} is still traced"
+        assert not os.path.exists(protocol.socket_path(pid, os.geteuid(), "/")), \
+            f"an agent is still attached to rank {rank}"
+
+
+def diagnose_job(pid: int, out: Path, *extra: str) -> dict[str, Any]:
+    proc = run_cli("diagnose", str(pid), "--all-ranks", "--out", str(out), "--duration", "2",
+                   "--timeout", "20", "--json", *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout)
+    assert (out / "report.json").exists() and (out / "report.html").exists()
+    return result
+
+
+def job_findings(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in result["findings"] if f["rule"].startswith("job-")]
+
+
+def test_healthy_job_ps_all_ranks_and_a_clean_diagnosis(torchrun: Any, tmp_path: Path) -> None:
+    job = torchrun("healthy", 2)
+    pids = job.wait_ready()
+    # ps: the job, its launcher and both ranks
+    ps = run_cli("ps", "--json")
+    assert ps.returncode == 0, ps.stderr
+    [mine] = [j for j in json.loads(ps.stdout)["jobs"] if j["launcher_pid"] == job.launcher]
+    assert {r["rank"]: r["pid"] for r in mine["ranks"]} == pids
+    # each rank's DataLoader worker inherited RANK: listed as a worker, never as a rank
+    assert sorted(w["worker_of"] for w in mine["workers"]) == sorted(pids.values())
+    assert all(r["torch"] and r["world_size"] == 2 for r in mine["ranks"])
+    # one command on every rank, from the launcher's pid: one document keyed by rank
+    proc = run_cli(str(job.launcher), "--all-ranks", "--cmd", "stack", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {k: v["pid"] for k, v in doc["ranks"].items()} == {str(r): p for r, p in pids.items()}
+    assert all(v["ok"] and v["result"]["threads"] for v in doc["ranks"].values())
+    assert doc["grouped"]["ranks"] == [0, 1]
+    # --ranks picks some, from any rank's pid
+    proc = run_cli(str(pids[1]), "--ranks", "1", "--cmd", "status", "--json")
+    assert list(json.loads(proc.stdout)["ranks"]) == ["1"], proc.stdout + proc.stderr
+    # the shell runs each line on every rank
+    shell = subprocess.run([*CLI, str(job.launcher), "--all-ranks"], input="status\nquit\n",
+                           capture_output=True, text=True, timeout=120)
+    assert all(f"rank {r} (pid {p}" in shell.stdout for r, p in pids.items()), shell.stdout + shell.stderr
+    run_cli(str(job.launcher), "--all-ranks", "--cmd", "detach")
+    # the whole diagnosis: no job-level problem in a healthy job
+    result = diagnose_job(job.launcher, tmp_path / "diag")
+    assert set(result["ranks"]) == {"0", "1"}
+    assert all(r["diagnose_ok"] for r in result["ranks"].values()), result["ranks"]
+    assert [f for f in job_findings(result) if f["severity"] != "info"] == []
+    assert_alive_and_clean(pids)
+
+
+def test_rank_stuck_outside_the_collective(torchrun: Any, tmp_path: Path) -> None:
+    job = torchrun("stuck", 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
+    pids = job.wait_ready()
+    time.sleep(1.0)  # the odd rank reaches its sleep after step 5
+    result = diagnose_job(pids[0], tmp_path / "diag")
+    [f] = [f for f in job_findings(result) if f["severity"] == "critical"]
+    assert (f["rule"], f["ranks"]) == ("job-hang", [2])
+    assert "stuck_outside" in f["summary"] and "all_reduce" in f["summary"]
+    # Flight Recorder (gloo) agrees: rank 2 enqueued one collective less
+    assert f["metrics"]["flight_recorder_behind"] == [2]
+    assert result["per_rank_phases_skipped"]
+    assert_alive_and_clean(pids)
+
+
+def test_rank_that_skips_a_collective(torchrun: Any, tmp_path: Path) -> None:
+    job = torchrun("skip", 3)
+    pids = job.wait_ready()
+    time.sleep(1.0)
+    # the grouped stacks call the odd rank out
+    proc = run_cli(str(job.launcher), "--all-ranks", "--cmd", "stack")
+    assert "odd:" in proc.stdout and "barrier" in proc.stdout, proc.stdout + proc.stderr
+    run_cli(str(job.launcher), "--all-ranks", "--cmd", "detach")
+    result = diagnose_job(job.launcher, tmp_path / "diag")
+    [f] = [f for f in job_findings(result) if f["severity"] == "critical"]
+    assert (f["rule"], f["ranks"]) == ("job-desync", [2])
+    assert_alive_and_clean(pids)
+
+
+def test_straggler_rank(torchrun: Any, tmp_path: Path) -> None:
+    job = torchrun("straggler", 2)
+    pids = job.wait_ready()
+    result = diagnose_job(job.launcher, tmp_path / "diag")
+    found = {f["rule"]: f for f in job_findings(result)}
+    assert "job-hang" not in found and "job-desync" not in found
+    f = found["job-straggler"]
+    assert f["ranks"] == [1]
+    per = f["metrics"]["ranks"]
+    assert per["1"]["compute_pct"] > per["0"]["compute_pct"]
+    # OUT/traces is an HTA trace directory: only traces, each with distributedInfo.rank
+    import gzip
+
+    hta_dir = tmp_path / "diag" / "traces"
+    assert result["outputs"]["hta_trace_dir"] == str(hta_dir)
+    assert sorted(p.name for p in hta_dir.iterdir()) == ["rank0.pt.trace.json.gz",
+                                                         "rank1.pt.trace.json.gz"]
+    for rank in (0, 1):
+        with gzip.open(hta_dir / f"rank{rank}.pt.trace.json.gz", "rt") as fh:
+            assert json.load(fh)["distributedInfo"]["rank"] == rank
+    assert_alive_and_clean(pids)

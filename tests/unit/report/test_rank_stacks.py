@@ -1,0 +1,78 @@
+"""Where each rank is, and ranks grouped by identical stacks, on stacks recorded from real
+torchrun jobs (tests/fixtures/ranks/<mode>/stacks/, 4 gloo ranks, 3 samples each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flight_profiler.report.rank_stacks import group_stacks, parse_stacks, position, rank_position
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ranks"
+
+
+def _last_samples(mode: str) -> dict[int, dict[str, Any]]:
+    out = {}
+    for f in sorted((FIXTURES / mode / "stacks").glob("stacks_rank*.json")):
+        data = parse_stacks(f.read_text())
+        out[data["rank"]] = data["samples"][-1]
+    return out
+
+
+def test_a_rank_in_all_reduce_is_placed_at_the_users_line() -> None:
+    p = rank_position(_last_samples("stuck")[0])
+    assert (p.kind, p.op, p.function) == ("collective", "all_reduce", "train_step")
+    assert p.where.startswith("ranks_workload.py:")
+
+
+def test_a_rank_outside_collectives_is_placed_where_it_is() -> None:
+    p = rank_position(_last_samples("stuck")[3])
+    assert (p.kind, p.function) == ("python", "stuck_outside")
+
+
+def test_data_loading_is_recognised() -> None:
+    frames = [{"file": "/w/train.py", "line": 10, "function": "main"},
+              {"file": "/v/site-packages/torch/utils/data/dataloader.py", "line": 700,
+               "function": "__next__"}]
+    p = position(frames)
+    assert (p.kind, p.where, p.function) == ("data", "train.py:10", "main")
+
+
+def test_grouping_names_the_odd_rank() -> None:
+    g = group_stacks(_last_samples("stuck"))
+    primary = g.primary
+    assert primary[0].ranks == [0, 1, 2] and not primary[0].odd
+    assert [x.ranks for x in g.odd] == [[3]]
+    assert g.to_dict()["odd_ranks"] == [3]
+
+
+def test_skipped_collective_groups_by_call_site() -> None:
+    g = group_stacks(_last_samples("skip"))
+    ops = {tuple(x.ranks): x.position.op for x in g.primary}
+    assert ops == {(0, 1, 2): "all_reduce", (3,): "barrier"}
+    assert [x.ranks for x in g.odd] == [[3]]
+
+
+def test_two_ranks_without_majority_call_out_the_one_outside() -> None:
+    samples = _last_samples("stuck")
+    g = group_stacks({0: samples[0], 3: samples[3]})
+    assert [x.ranks for x in g.odd] == [[3]]
+
+
+def test_identical_stacks_have_nothing_odd() -> None:
+    s = _last_samples("stuck")[0]
+    g = group_stacks({r: json.loads(json.dumps(s)) for r in range(8)})
+    assert len(g.primary) == 1 and g.primary[0].ranks == list(range(8)) and not g.odd
+
+
+def test_torch_work_in_a_worker_thread_is_found_there() -> None:
+    in_collective = _last_samples("stuck")[0]["threads"][0]
+    main = {"name": "MainThread", "main": True, "agent": False,
+            "frames": [{"file": "/w/train.py", "line": 90, "function": "main"},
+                       {"file": "/usr/lib/python3.11/threading.py", "line": 1119, "function": "join"}]}
+    worker = dict(in_collective, name="trainer", main=False)
+    p = rank_position({"threads": [main, worker]})
+    assert (p.kind, p.op, p.function) == ("collective", "all_reduce", "train_step")
+    g = group_stacks({0: {"threads": [main, worker]}, 1: {"threads": [main, worker]}})
+    assert g.primary[0].thread == "trainer" and g.primary[0].ranks == [0, 1]
