@@ -38,6 +38,7 @@ _tracked = gc.is_tracked
 # user code like any other.
 _OURS = ("_flight_profiler_agent", "flight_profiler.agent")
 _CO_OPTIMIZED = 0x0001
+_EMPTY = object()
 _DEFAULT_THREAD_NAME = re.compile(r"^(?:Thread|Dummy)-\d+(?: \(.*\))?$")
 _IDLIKE = re.compile(r"^(?:\d+|[0-9a-fA-F]{8,}|[0-9a-fA-F-]{32,36}|0x[0-9a-fA-F]+)$")
 
@@ -293,10 +294,9 @@ def _may_hold(obj: Any, t: type) -> bool:
 
 def _full(cell: Any) -> bool:
     try:
-        cell.cell_contents
-    except ValueError:
+        return cell.cell_contents is not _EMPTY
+    except ValueError:  # a cell not yet (or no longer) bound
         return False
-    return True
 
 
 def _expand(obj: Any, cid: int, visit: Any, module_type: Any) -> None:

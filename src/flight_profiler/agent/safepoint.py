@@ -93,7 +93,9 @@ def at_safe_point(ctx: Any, fn: Callable[[], Any], what: str, timeout: float = 2
     from . import thread_gate
     from .registry import CommandError
 
-    cancelled = (lambda: bool(ctx.cancelled))
+    def cancelled() -> bool:
+        return bool(ctx.cancelled)
+
     try:
         if thread_gate.supported():
             return thread_gate.run_with_threads_held(fn, timeout, cancelled=cancelled)
