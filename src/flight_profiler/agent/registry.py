@@ -34,6 +34,7 @@ HANDLERS: dict[str, str] = {
     "torch memory": "torch_memory:handle_memory",
     "torch tensors": "torch_tensors:handle_tensors",
     "torch profile": "torch_profile:handle_profile",
+    "torch dataloader": "torch_dataloader:handle_dataloader",
 }
 
 

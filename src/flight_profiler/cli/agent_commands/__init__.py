@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "torch memory": "torch:memory",
     "torch tensors": "torch:tensors",
     "torch profile": "torch:profile",
+    "torch dataloader": "torch:dataloader",
 }
 
 SUMMARIES: dict[str, str] = {
@@ -36,6 +37,7 @@ SUMMARIES: dict[str, str] = {
     "torch memory": "allocator state; -s snapshot; -r record a method's allocations",
     "torch tensors": "census of live tensors and who holds them; --diff for growth",
     "torch profile": "profile a method's next calls, or a time window, to a Chrome trace",
+    "torch dataloader": "live DataLoaders: settings, workers, batches in flight, what the loop waits on",
 }
 
 
