@@ -34,10 +34,7 @@ def test_slow_loader_is_described_and_the_wait_measured() -> None:
         batch = next(it)
         batch.sum()
 
-    try:
-        result, _ = run_handler("torch dataloader", {"sample": 1.0}, drive=train_step)
-    finally:
-        del it
+    result, _ = run_handler("torch dataloader", {"sample": 1.0}, drive=train_step)
     [dl] = [d for d in result["loaders"] if d["dataset"]["type"].endswith("SlowDataset")]
     assert (dl["batch_size"], dl["num_workers"], dl["pin_memory"], dl["prefetch_factor"],
             dl["persistent_workers"]) == (4, 2, False, 2, False)

@@ -10,6 +10,7 @@ Nothing is kept: the result is plain data.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -39,10 +40,8 @@ def _plain(value: Any) -> Any:
 
 def _dataset(ds: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"type": f"{type(ds).__module__}.{type(ds).__qualname__}", "length": None}
-    try:
+    with contextlib.suppress(Exception):  # an IterableDataset, or a __len__ that fails
         out["length"] = len(ds)
-    except Exception:  # an IterableDataset, or a __len__ that fails
-        pass
     return out
 
 
