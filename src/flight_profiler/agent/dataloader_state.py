@@ -70,7 +70,7 @@ def _iterator(it: Any) -> dict[str, Any]:
     for i, w in enumerate(list(workers)):
         pid = _attr(w, "_popen")
         pid = _attr(pid, "pid") if pid is not None else None
-        row = _proc(int(pid)) if isinstance(pid, int) else {"pid": None, "state": "not started"}
+        row: dict[str, Any] = _proc(int(pid)) if isinstance(pid, int) else {"pid": None, "state": "not started"}
         row["worker_id"] = i
         row["active"] = bool(status[i]) if i < len(status) else None
         rows.append(row)
@@ -194,7 +194,8 @@ def sample_threads(seconds: float, interval: float = 0.01,
     totals: dict[int, int] = {}
     deadline = time.monotonic() + max(seconds, interval)
     while time.monotonic() < deadline:
-        frames = sys._current_frames()
+        frames: dict[int, Any] = sys._current_frames()
+        frame: Any = None
         try:
             for ident, frame in frames.items():
                 name = names.get(ident) or next((t.name for t in threading.enumerate()
@@ -212,7 +213,7 @@ def sample_threads(seconds: float, interval: float = 0.01,
         if cancelled is not None and cancelled():
             break
         time.sleep(interval)
-    out = []
+    out: list[dict[str, Any]] = []
     for ident, per in counts.items():
         n = totals[ident]
         places = sorted(per.items(), key=lambda kv: -kv[1])
