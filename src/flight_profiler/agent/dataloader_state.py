@@ -243,4 +243,8 @@ def state(sample_seconds: float = 1.0, cancelled: Any = None) -> dict[str, Any]:
                         w["cpu_percent"] = round(100.0 * (later["cpu_s"] - w["cpu_s"]) / elapsed, 1)
                         w["state"] = later["state"]
                         w["rss_bytes"] = later["rss_bytes"]
-    return {"loaders": loaders, "threads": threads, "sampled_s": round(elapsed, 3)}
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return {"loaders": loaders, "threads": threads, "sampled_s": round(elapsed, 3), "cpus": cpus}
