@@ -206,3 +206,33 @@ def test_a_loss_history_keeps_the_item_fix_first(tmp_path: Path) -> None:
     report = analyze([str(write_json(tmp_path / f"l{n}.json", c)) for n, c in enumerate(rows)])
     (g,) = _rules(report, "graph-retention")
     assert "`main() local trainer.history[*]`" in g.fix[0] and "loss.item()" in g.fix[0]
+
+
+def test_recordings_stay_out_of_memory_over_time_and_gaps_are_said(tmp_path: Path) -> None:
+    # GIVEN what the seed's phases produce by hand: two snapshots of a flat process and a `-r`
+    # recording in between whose "allocated" is only what a few calls allocated
+    def snap(name: str, t: float, mib: int, calls: int | None = None) -> str:
+        fp = {"device_type": "cpu", "pid": 77, "time": t, "label": name}
+        if calls is not None:
+            fp["calls"] = calls
+        return str(write_pickle(tmp_path / f"{name}.pickle",
+                                snapshot(allocated=[(mib * MiB, "train.py", 5)], fp=fp)))
+
+    paths = [snap("before", 1.0, 100), snap("record", 2.0, 3, calls=10), snap("after", 3.0, 100)]
+    report = analyze(paths)
+    # THEN the series is the two snapshots only (no fake drop to 3 MiB and back), no leak is
+    # claimed, and the report says what snapshots alone cannot show
+    [series] = [s for s in report.series if s["kind"] == "snapshot"]
+    assert [p["allocated"] for p in series["points"]] == [100 * MiB, 100 * MiB]
+    assert _rules(report, "memory-leak") == []
+    (gap,) = _rules(report, "coverage")
+    assert gap.severity == "info" and "small-tensor leaks" in gap.summary
+    assert any("torch tensors" in f for f in gap.fix)
+
+
+def test_census_pairs_leave_no_coverage_note(tmp_path: Path) -> None:
+    paths = [str(write_json(tmp_path / f"c{n}.json", census(5, 1.0 + n, [holder("m.x[*]", 3, 12)])))
+             for n in range(2)]
+    assert _rules(analyze(paths), "coverage") == []
+    (one,) = _rules(analyze(paths[:1]), "coverage")
+    assert "one census cannot show growth" in one.summary.lower()

@@ -146,7 +146,51 @@ def _from_censuses(ctx: Context) -> list[Finding]:
 
 
 def check(ctx: Context) -> list[Finding]:
-    return _from_traces(ctx) + _from_snapshots(ctx) + _from_censuses(ctx)
+    found = _from_traces(ctx) + _from_snapshots(ctx) + _from_censuses(ctx)
+    return found + coverage(ctx)
 
 
 RULE = Rule("memory-leak", "Memory that grows and is never released", check)
+
+
+def coverage(ctx: Context) -> list[Finding]:
+    """What these inputs cannot show about memory, and the command that would show it.
+
+    Info findings, so that a quiet report over partial evidence does not read as an all-clear.
+    """
+    out: list[Finding] = []
+    recordings = [s for s in ctx.snapshots if s.data.get("recorded_calls")]
+    moments = [s for s in ctx.snapshots if not s.data.get("recorded_calls")]
+    have_census_series = bool(ctx.census_series)
+    inputs = [s.path for s in ctx.snapshots] + [c.path for c in ctx.censuses]
+    gaps: list[str] = []
+    fixes: list[str] = []
+    if moments and not have_census_series:
+        gaps.append("snapshots alone cannot show small-tensor leaks or who holds the memory "
+                    "(many small tensors hide in the allocator's blocks)")
+        fixes.append("Run `torch tensors -f census1.json`, let the job run, then "
+                     "`torch tensors -f census2.json`, and report both.")
+    if len(moments) == 1 and not ctx.snapshot_series:
+        gaps.append("one snapshot cannot show growth")
+        fixes.append("Take a second snapshot some seconds later (`torch memory -s`) and report both.")
+    if recordings and not moments and not ctx.censuses:
+        gaps.append(f"{len(recordings)} `-r` recording(s) show the allocations made during a few "
+                    "calls, not the process's memory over time")
+        fixes.append("For growth over time: `torch memory -s` twice, or `torch tensors` twice.")
+    if len(ctx.censuses) == 1 and not have_census_series:
+        gaps.append("one census cannot show growth")
+        fixes.append("Take a second census later (`torch tensors -f b.json --diff a.json`).")
+    if not gaps or not inputs:
+        return out
+    out.append(Finding(
+        rule="coverage", severity="info",
+        title="What these inputs cannot show about memory",
+        summary="; ".join(gaps).capitalize() + ".",
+        evidence=[f"{len(moments)} snapshot(s), {len(recordings)} recording(s), "
+                  f"{len(ctx.censuses)} census(es)"],
+        fix=fixes, inputs=inputs,
+        root_cause="Missing evidence, not a problem found.",
+        metrics={"snapshots": len(moments), "recordings": len(recordings),
+                 "censuses": len(ctx.censuses)},
+    ))
+    return out
