@@ -340,7 +340,7 @@ def test_input_bound_method_names_the_wait_and_fixes_from_the_real_settings(
     # The fix starts from num_workers=2 and the workers' CPU, and says what to set
     assert "`num_workers=2`" in f.fix[0] and "99%" in f.fix[0] and "num_workers=" in f.fix[0]
     needed = -(-2 * 300 // 11)  # each worker needs 600 ms per batch, the step takes 11 ms
-    assert f"about {needed} workers" in f.fix[0] and "16 CPUs" in f.fix[0]
+    assert f"about {needed} workers" in f.fix[0] and "16 CPUs" in f.fix[0] and "busy" in f.fix[0]
     assert any("persistent_workers=True" in line for line in f.fix)
 
 
@@ -367,3 +367,33 @@ def test_failed_phases_give_exit_12_and_the_report_names_the_missing_evidence(
     assert "leaks of small tensors, who holds them" in md
     out = capsys.readouterr()
     assert "incomplete" in out.err
+
+
+def test_slow_but_idle_workers_are_told_to_multiply_past_the_cpu_count(
+        options: DiagnoseOptions) -> None:
+    def waiting_workers(words: list[str], on_event: Any) -> dict[str, Any]:
+        state = slow_loader_state(words, on_event)
+        state["cpus"] = 2
+        for w in state["loaders"][0]["iterators"][0]["workers"]:
+            w["cpu_percent"], w["state"] = 1.0, "sleeping"
+        return state
+
+    driver = FakeDriver(overrides={"watch __main__ train_step --expr cost -n 4": slow_loader_watch,
+                                   "torch dataloader": waiting_workers})
+    (f,) = [f for f in run_diagnosis(driver, options).report.findings
+            if f.rule == "dataloader-bottleneck"]
+    assert "barely use the CPU" in f.fix[0] and "`num_workers=32`" in f.fix[0]
+
+
+def test_a_loop_that_sleeps_between_calls_is_named_as_such(options: DiagnoseOptions) -> None:
+    def sleeping(words: list[str], on_event: Any) -> dict[str, Any]:
+        return {"cpus": 2, "sampled_s": 1.5, "loaders": [], "threads": [
+            {"thread": "MainThread", "samples": 100, "shares": {"sleep": 0.96, "running": 0.04},
+             "top": [{"category": "sleep", "share": 0.96, "where": "sleep at main() train.py:12"}]}]}
+
+    driver = FakeDriver(overrides={"watch __main__ train_step --expr cost -n 4": slow_loader_watch,
+                                   "torch dataloader": sleeping})
+    findings = run_diagnosis(driver, options).report.findings
+    (f,) = [f for f in findings if f.rule == "idle-loop"]
+    assert f.severity == "warning" and "sleeping" in f.title and "train.py:12" in f.where[0]
+    assert not [f for f in findings if f.rule == "dataloader-bottleneck"]

@@ -60,6 +60,9 @@ RULE = Rule("dataloader-bottleneck", "The step waits for input data", check)
 IDLE_SHARE = 0.5
 LOADER_WAIT_SHARE = 0.3
 _BUSY_WORKER_CPU = 70.0  # a worker above this CPU % is producing batches flat out
+IDLE_WARNING_SHARE = 0.2  # idle-loop (not the DataLoader): a warning below this share
+IDLE_WORKER_CPU = 30.0  # slow workers below this CPU % are waiting inside __getitem__
+MAX_WAITING_WORKERS = 32
 
 
 def settings_fix(loader: dict[str, Any], cost_ms: float | None = None,
@@ -79,26 +82,40 @@ def settings_fix(loader: dict[str, Any], cost_ms: float | None = None,
     elif cost_ms and period_ms and cost_ms > 0:
         # Workers deliver one batch per period between them: each needs n * period per batch.
         needed = math.ceil(n * period_ms / cost_ms)
-        state = (f"the {n} workers are busy ({', '.join(f'{c:.0f}%' for c in cpu)} CPU)" if busy else
-                 f"the {n} workers" + (f" run at {', '.join(f'{c:.0f}%' for c in cpu)} CPU" if cpu else ""))
         per_batch = n * period_ms
-        text = (f"`num_workers={n}`: {state}, each needing about {per_batch:.0f} ms per batch of "
-                f"{batch} while the step takes {cost_ms:.1f} ms. ")
-        if cpus and needed > cpus:
-            text += (f"Keeping up would take about {needed} workers, more than the {cpus} CPUs: raise "
-                     f"`num_workers` to {max(n + 1, cpus - 1)} and make `__getitem__` cheaper "
-                     "(pre-process once and cache, decode smaller, augment batched on the GPU).")
+        cpus_text = ", ".join(f"{c:.0f}%" for c in cpu)
+        head = (f"`num_workers={n}`: each worker needs about {per_batch:.0f} ms per batch of {batch} "
+                f"while the step takes {cost_ms:.1f} ms")
+        if busy:
+            text = f"{head}, and the workers are busy ({cpus_text} CPU). "
+            if cpus and needed > cpus:
+                text += (f"Keeping up would take about {needed} workers, more than the {cpus} CPUs: "
+                         f"raise `num_workers` to {max(n + 1, cpus - 1)} and make `__getitem__` "
+                         "cheaper (pre-process once and cache, decode smaller, augment batched on "
+                         "the GPU).")
+            else:
+                text += f"Raise it to `num_workers={max(n + 1, needed)}`."
+        elif cpu and max(cpu) < IDLE_WORKER_CPU:
+            # Slow but idle workers wait inside __getitem__ (storage, network, a sleep): more
+            # of them cost no CPU, so the CPU count is no limit.
+            text = (f"{head}, yet the workers barely use the CPU ({cpus_text}): `__getitem__` waits "
+                    f"(reading files, the network). Raise it to `num_workers={max(n + 1, min(needed, MAX_WAITING_WORKERS))}` "
+                    "(waiting workers need no CPU), and cache or pre-fetch what it reads.")
         else:
-            text += f"Raise it to `num_workers={max(n + 1, needed)}`."
+            text = f"{head}. Raise it to `num_workers={max(n + 1, needed)}`" + (
+                f" (this machine gives the job {cpus} CPUs)." if cpus else ".")
         fix.append(text)
     else:
         fix.append(f"`num_workers={n}`: raise it (up to the CPUs available) until the wait is gone.")
     if n > 0 and not loader.get("persistent_workers"):
         fix.append("`persistent_workers=True`: the workers are started again every epoch.")
-    if n > 0 and busy is False and cpu:
-        pf = loader.get("prefetch_factor") or 2
-        fix.append(f"The workers are not busy: raise `prefetch_factor` from {pf} to {int(pf) * 2} so "
-                   "that bursts are absorbed.")
+    in_flight = [it.get("batches_in_flight") for it in loader.get("iterators") or []]
+    pf = loader.get("prefetch_factor") or 2
+    if n > 0 and cpu and not busy and in_flight and all(
+            isinstance(f, int) and f < n * int(pf) for f in in_flight):
+        fix.append(f"Fewer batches in flight ({in_flight[0]}) than the workers could prepare "
+                   f"({n} x prefetch_factor {pf}): raise `prefetch_factor` to {int(pf) * 2} to "
+                   "absorb bursts.")
     if cuda and not loader.get("pin_memory"):
         fix.append("`pin_memory=True` with `.to(device, non_blocking=True)` (currently "
                    "`pin_memory=False`).")
@@ -160,8 +177,10 @@ def from_live(loop: dict[str, Any], threads: list[dict[str, Any]], loaders: list
     category = str(top.get("category", "running"))
     what = {"sleep": "sleeping", "io": "waiting for I/O", "wait": "waiting on a lock or queue",
             "running": "running other code"}.get(category, category)
+    # Not the DataLoader: its own rule id. A warning only when the method is a sliver of its
+    # loop; a loop that sleeps a little between steps may do so on purpose.
     return Finding(
-        rule="dataloader-bottleneck", severity="warning",
+        rule="idle-loop", severity="warning" if share < IDLE_WARNING_SHARE else "info",
         title=f"{method} is only {share:.0%} of its loop: the rest is spent {what}",
         summary=(f"Between two calls of {method} ({cost:.1f} ms) the loop spends "
                  f"{period - cost:.0f} ms; the sampled stacks put it at {top.get('where', '?')}."),
