@@ -150,3 +150,26 @@ def test_a_thread_stuck_in_one_native_call_fails_fast_and_says_why(tmp_path):
     assert took < 2.9
     assert "busy-op" in err.value.message and "long_native_op()" in err.value.message
     assert not (tmp_path / "c.json").exists()
+
+
+def loop_with_censuses(tmp_path: Path) -> list[set[str]]:
+    # The main thread keeps training while each census is taken: it is held wherever it is
+    # (often inside Trainer.step, where `self` is the trainer too). No assert here (see main()).
+    trainer = Trainer()
+    for _ in range(3):
+        trainer.step()
+    seen = []
+    for n in range(3):
+        path = tmp_path / f"c{n}.json"
+        run_handler("torch tensors", {"path": str(path), "top": 50}, drive=trainer.step)
+        seen.append({h["path"] for h in json.loads(path.read_text())["holders"]})
+    del trainer
+    return seen
+
+
+def test_the_holder_path_is_the_same_wherever_the_thread_was_held(tmp_path):
+    seen = loop_with_censuses(tmp_path)
+    # THEN every census names the outermost user frame's local, never `step() local self`
+    want = f"{__name__}.loop_with_censuses() local trainer.history[*]"
+    assert all(want in paths for paths in seen), seen
+    assert not [p for paths in seen for p in paths if "step() local self" in p]

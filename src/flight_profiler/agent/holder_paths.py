@@ -156,14 +156,26 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
     names = {t.ident: t.name for t in threading.enumerate()}
     f: Any = None
     top: Any = None
+    chain: list[Any] = []
+    lib_prefixes = _library_prefixes()
     try:
         # The main thread first: its paths are the ones users recognise.
         for ident, top in sorted(frames.items(), key=lambda kv: names.get(kv[0]) != "MainThread"):
             thread = names.get(ident, f"thread-{ident}")
             if thread.startswith("flight_profiler-"):
                 continue  # the agent's own threads
+            chain = []
             f = top
             while f is not None:
+                chain.append(f)
+                f = f.f_back
+            # Outermost first, the program's own frames before the libraries' (threading's
+            # run(), torch's wrappers): a census taken while the thread is inside step() must
+            # name `main() local trainer`, as one taken between steps does, not `step() local
+            # self` or `threading.run() local self._args`.
+            chain.reverse()
+            chain.sort(key=lambda fr: fr.f_code.co_filename.startswith(lib_prefixes))
+            for f in chain:
                 code = f.f_code
                 module = str(f.f_globals.get("__name__", "?"))
                 if code.co_flags & _CO_OPTIMIZED and not code.co_filename.startswith("<flight_profiler") \
@@ -176,11 +188,25 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
                         roots.append((prefix, dict(snap)))
                         snap.clear()
                         snap = None
-                f = f.f_back
+            chain.clear()
     finally:
         frames.clear()
+        chain.clear()
         f = top = None
     return roots
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    """Where installed code lives: the standard library and site-packages."""
+    import sysconfig
+
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            paths.add(sysconfig.get_paths()[key])
+        except (KeyError, OSError):
+            continue
+    return tuple(p for p in paths if p)
 
 
 def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, deadline: float,
