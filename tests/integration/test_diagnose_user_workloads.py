@@ -72,7 +72,7 @@ def test_inference_server_parked_in_join_gets_graph_retention_and_the_no_grad_fi
 def test_slow_dataloader_with_a_method_is_found_with_the_real_settings(tmp_path: Path) -> None:
     result = diagnose(tmp_path, "slow_loader", ["__main__", "train_step"])
     (d,) = findings(result, "dataloader-bottleneck")
-    assert d["severity"] in SEVERE and "slow_loader.py" in d["where"][0]
+    assert d["severity"] in SEVERE and "main() target_main.py:" in d["where"][0]
     assert "`num_workers=2`" in d["fix"][0]
 
 
