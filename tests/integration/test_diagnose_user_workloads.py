@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,56 @@ def test_slow_dataloader_with_a_method_is_found_with_the_real_settings(tmp_path:
 def test_healthy_loop_stays_quiet(tmp_path: Path, run: int) -> None:
     result = diagnose(tmp_path, "healthy_loop", ["__main__", "train_step"])
     assert [f["rule"] for f in result["findings"] if f["severity"] in SEVERE] == []
+
+
+TWO_TRAINERS = """
+import threading, time, torch
+torch.set_num_threads(1)
+
+def train(name, stop):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kept = []
+    while not stop.is_set():
+        loss = model(torch.randn(32, 64)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        kept.append(loss)          # grad_fn tensors: the census reads t.grad_fn of each
+        if len(kept) > 400:
+            del kept[:200]
+        if len(kept) == 50:
+            warm.release()
+
+stop = threading.Event()
+warm = threading.Semaphore(0)
+workers = [threading.Thread(target=train, args=(f"w{i}", stop), name=f"trainer-{i}") for i in range(2)]
+for w in workers:
+    w.start()
+warm.acquire()
+warm.acquire()
+print("READY", flush=True)
+workers[0].join(300)               # the main thread is parked: the torch work is elsewhere
+"""
+
+
+def test_tensor_walks_never_race_torch_work_in_worker_threads() -> None:
+    """The walks that once crashed a training loop (SIGSEGV reading t.grad_fn during an op), now
+    with the torch work in two worker threads and the main thread in join(): every walk works,
+    names the workers' locals, and the target lives on."""
+    from flight_profiler.api import connect
+
+    job = spawn(TWO_TRAINERS, ready="READY", timeout=90)
+    try:
+        with connect(job.pid, timeout=30) as session:
+            for _ in range(8):
+                census = session.run("torch tensors --top 200")
+                paths = [h["path"] for h in census["holders"]]
+                assert any(p.startswith("thread 'trainer-") and "local kept[*]" in p for p in paths), paths
+                session.run("torch memory")
+                assert job.alive(), job.stderr[-2000:]
+            session.detach()
+        time.sleep(0.5)
+        assert job.alive(), job.stderr[-2000:]
+    finally:
+        job.stop()
