@@ -22,6 +22,7 @@ import collections
 import gc
 import re
 import sys
+import sysconfig
 import threading
 import time
 import types
@@ -198,8 +199,6 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
 
 def _library_prefixes() -> tuple[str, ...]:
     """Where installed code lives: the standard library and site-packages."""
-    import sysconfig
-
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         try:

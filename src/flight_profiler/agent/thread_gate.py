@@ -53,6 +53,7 @@ class _State:
         self.held: set[int] = set()
         self.exempt: set[int] = set()
         self.lock = threading.Lock()
+        self.owner: threading.Thread | None = None
 
 
 _STATE = _State()
@@ -70,8 +71,12 @@ def _on_event(_obj: Any, _frame: Any, _what: int, _arg: Any) -> int:
             return 0
         with st.lock:
             st.held.add(me)
-        # Bounded: a gate that is never released (agent gone) must not stall the job for good.
-        st.release.wait(30.0)
+        # Held for as long as the walk runs (a time limit here would let the thread run an op
+        # during a long walk), but never past the death of the thread that holds the gate.
+        owner = st.owner
+        while not st.release.wait(1.0):
+            if owner is None or not owner.is_alive():
+                break
         with st.lock:
             st.held.discard(me)
     except KeyboardInterrupt:
@@ -167,6 +172,7 @@ def run_with_threads_held(fn: Callable[[], Any], timeout: float,
                      if t.ident is not None and t.name.startswith(AGENT_THREAD_PREFIX)} | {me}
         st.release.clear()
         st.held = set()
+        st.owner = threading.current_thread()
         st.active = True
         try:
             _wait_until_held(st, timeout, cancelled)
