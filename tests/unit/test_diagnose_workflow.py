@@ -397,3 +397,21 @@ def test_a_loop_that_sleeps_between_calls_is_named_as_such(options: DiagnoseOpti
     (f,) = [f for f in findings if f.rule == "idle-loop"]
     assert f.severity == "warning" and "sleeping" in f.title and "train.py:12" in f.where[0]
     assert not [f for f in findings if f.rule == "dataloader-bottleneck"]
+
+
+def test_a_trace_based_dataloader_finding_gets_the_fix_from_the_real_settings(
+        options: DiagnoseOptions) -> None:
+    # GIVEN no method (a time window) whose trace shows DataLoader waits, and a live loader
+    options.target = None
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "cpu_dataloader.json.gz"
+
+    def window(words: list[str], on_event: Any) -> dict[str, Any]:
+        shutil.copy(fixture, words[words.index("-f") + 1])
+        return {"path": words[words.index("-f") + 1]}
+
+    driver = FakeDriver(overrides={"torch profile": window, "torch dataloader": slow_loader_state})
+    result = run_diagnosis(driver, options)
+    (f,) = [f for f in result.report.findings if f.rule == "dataloader-bottleneck"]
+    # THEN its first fix starts from num_workers=2 (not a generic "use num_workers=N")
+    assert f.fix[0].startswith("`num_workers=2`")
+    assert any("persistent_workers=True" in line for line in f.fix)
