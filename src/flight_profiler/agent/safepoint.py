@@ -83,12 +83,25 @@ def run_in_main_thread(fn: Callable[[], Any], timeout: float,
     return state.get("value")
 
 
+def _torch_profiler_running() -> bool:
+    """A torch profiler session may have set its Python tracer on every thread; the gate resets
+    the threads' profile functions afterwards and would switch it off mid-session."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch._C._autograd._profiler_enabled())
+    except Exception:
+        return False
+
+
 def at_safe_point(ctx: Any, fn: Callable[[], Any], what: str, timeout: float = 2.0) -> Any:
     """Run ``fn`` while no other thread can be inside a torch op; a timeout becomes a user error.
 
     Where CPython lets the agent hold every thread at a safe point (thread_gate.py), ``fn`` runs
     in the agent's thread with the others held: this works whichever thread does the torch work,
-    including a main thread parked in ``join()``. Elsewhere it runs in the main thread.
+    including a main thread parked in ``join()``. Elsewhere, or while a torch profiler session
+    runs (the gate would switch its Python tracer off), it runs in the main thread.
     """
     from . import thread_gate
     from .registry import CommandError
@@ -97,7 +110,7 @@ def at_safe_point(ctx: Any, fn: Callable[[], Any], what: str, timeout: float = 2
         return bool(ctx.cancelled)
 
     try:
-        if thread_gate.supported():
+        if thread_gate.supported() and not _torch_profiler_running():
             return thread_gate.run_with_threads_held(fn, timeout, cancelled=cancelled)
         return run_in_main_thread(fn, max(timeout, 15.0), cancelled=cancelled)
     except thread_gate.GateTimeout as exc:
