@@ -114,7 +114,7 @@ workers[0].join(300)               # the main thread is parked: the torch work i
 """
 
 
-def test_tensor_walks_never_race_torch_work_in_worker_threads() -> None:
+def test_tensor_walks_never_race_torch_work_in_worker_threads(tmp_path: Path) -> None:
     """The walks that once crashed a training loop (SIGSEGV reading t.grad_fn during an op), now
     with the torch work in two worker threads and the main thread in join(): every walk works,
     names the workers' locals, and the target lives on."""
@@ -124,7 +124,7 @@ def test_tensor_walks_never_race_torch_work_in_worker_threads() -> None:
     try:
         with connect(job.pid, timeout=30) as session:
             for _ in range(8):
-                census = session.run("torch tensors --top 200")
+                census = session.run(f"torch tensors --top 200 -f {tmp_path / 'c.json'}")
                 paths = [h["path"] for h in census["holders"]]
                 assert any(p.startswith("thread 'trainer-") and "local kept[*]" in p for p in paths), paths
                 session.run("torch memory")
