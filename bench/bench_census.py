@@ -2,15 +2,22 @@
 
     /work/venv/bin/python bench/bench_census.py [--objects 1000000] [--tensors 10000] [--json]
 
-Everything is reachable from module globals (the holder walk's worst case: every container is
-visited). The census runs in its own thread, as in the agent. Measured in one run:
+Everything is reachable (the holder walk's worst case: every container is visited), from where
+users keep data: a third from module globals, a third from main()'s locals, a third from the
+locals of a worker thread's running function (frame roots). The census runs as the agent runs
+it: in its own thread (named as the agent's), with every other thread held at a safe point
+(thread_gate). Measured in one run:
 - wall time of the census (no tracing);
 - extra memory: peak of Python allocations during the census (tracemalloc, separate run) and
   the growth of peak RSS (VmHWM, reset through /proc/self/clear_refs) over the same census;
 - what the census reported as skipped (budgets);
 - a reference in the same run, to read the time as a ratio on a noisy machine: one plain pass
   over the heap (``[type(o) for o in gc.get_objects()]``), the floor of any census.
-Aims (issue 5): under 2 s and under 50 MB extra.
+- how long a tensor walk waits for a safe point while a thread runs 2 ms torch steps (the
+  worker does back-to-back matmuls of ~2 ms each; 30 walks): median / p90 / max wait, also as
+  a multiple of the measured step.
+Aims (issues 5 and 11): under 2 s and under 50 MB extra with frame roots; the wait about one
+step.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 import torch  # noqa: E402
 
-from flight_profiler.agent import tensor_census  # noqa: E402
+from flight_profiler.agent import tensor_census, thread_gate  # noqa: E402
 
 
 class Record:
@@ -71,10 +78,81 @@ def reset_hwm() -> bool:
 
 def census_in_thread() -> dict[str, Any]:
     box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.setdefault("doc", tensor_census.take(torch, seconds=30.0)))
+
+    def agent() -> None:
+        box["doc"] = thread_gate.run_with_threads_held(
+            lambda: tensor_census.take(torch, seconds=30.0), timeout=2.0)
+
+    t = threading.Thread(target=agent, name="flight_profiler-bench")
     t.start()
     t.join()
     return box["doc"]
+
+
+def holder_thread(part: dict[str, Any], stop: threading.Event) -> threading.Thread:
+    """A worker whose running function's locals hold part of the data (a frame root)."""
+    def serve_forever() -> None:
+        cache = dict(part)
+        part.clear()
+        stop.wait()
+        cache.clear()
+
+    t = threading.Thread(target=serve_forever, name="server", daemon=True)
+    t.start()
+    return t
+
+
+def safe_point_wait(walks: int = 30) -> dict[str, Any]:
+    """Wait for a safe point while a thread runs ~2 ms torch steps back to back."""
+    torch.set_num_threads(1)  # one op = one thread's 2 ms, as a small CPU training step
+    size = 128
+    while size < 4096:  # grow one matmul until its median time reaches ~2 ms (cost ~ size^3)
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - t0)
+        if sorted(times)[3] >= 0.002:
+            break
+        size = int(size * 1.15)
+    stop = threading.Event()
+    steps: list[float] = []
+
+    def train() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            torch.mm(a, b)  # one op of ~2 ms: no safe point inside it
+            steps.append(time.perf_counter() - t0)
+
+    worker = threading.Thread(target=train, name="trainer")
+    worker.start()
+    waits: list[float] = []
+    try:
+        time.sleep(0.2)
+        for _ in range(walks):
+            box: dict[str, float] = {}
+
+            def agent(box: dict[str, float] = box) -> None:
+                t0 = time.perf_counter()
+                thread_gate.run_with_threads_held(
+                    lambda: box.setdefault("at", time.perf_counter() - t0), timeout=2.0)
+
+            t = threading.Thread(target=agent, name="flight_profiler-bench")
+            t.start()
+            t.join()
+            waits.append(box["at"])
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        worker.join()
+    waits.sort()
+    step = sorted(steps)[len(steps) // 2]
+    return {"step_ms": round(step * 1e3, 2), "walks": walks,
+            "wait_median_ms": round(waits[len(waits) // 2] * 1e3, 2),
+            "wait_p90_ms": round(waits[int(len(waits) * 0.9)] * 1e3, 2),
+            "wait_max_ms": round(waits[-1] * 1e3, 2),
+            "wait_median_over_step": round(waits[len(waits) // 2] / step, 2)}
 
 
 def main() -> None:
@@ -85,7 +163,12 @@ def main() -> None:
     args = parser.parse_args()
 
     world = build(args.objects, args.tensors)
+    # A third each: module global, main()'s local, a worker thread's local (frame roots).
+    in_main = {k: world.pop(k) for k in ("rows", "losses")}
+    in_thread = {k: world.pop(k) for k in ("pairs", "activations")}
     sys.modules["__main__"].__dict__["world"] = world
+    stop = threading.Event()
+    server = holder_thread(in_thread, stop)
     gc.collect()
     tracked = len(gc.get_objects())
 
@@ -110,6 +193,12 @@ def main() -> None:
     census_in_thread()
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    roots = {h["path"].split(" local ")[0] if " local " in h["path"] else h["path"].split(".")[0]
+             for h in doc["holders"]}
+    stop.set()
+    server.join()
+    del in_main
+    wait = safe_point_wait()
 
     result = {
         "gc_tracked_objects": tracked,
@@ -121,7 +210,9 @@ def main() -> None:
         "census_over_heap_pass": round(seconds / reference, 1),
         "python_peak_extra_mib": round(peak / 2**20, 1),
         "rss_peak_growth_mib": None if hwm_growth_mib is None else round(hwm_growth_mib, 1),
+        "holder_roots_seen": sorted(roots)[:6],
         "skipped": doc["skipped"],
+        "safe_point": wait,
         "aims": {"census_s": 2.0, "extra_mib": 50},
     }
     if args.json:

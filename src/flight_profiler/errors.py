@@ -25,6 +25,7 @@ class ExitCode:
     FINDINGS = 9  # report/diagnose: a finding reached --fail-on
     AGENT_LOST = 10  # the connection to the agent broke mid-command
     TORCH_MISSING = 11  # the target has not imported torch
+    INCOMPLETE = 12  # diagnose: some phases failed or timed out (the report names what is missing)
     INTERRUPTED = 130
 
 

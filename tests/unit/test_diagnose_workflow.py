@@ -80,8 +80,12 @@ class FakeDriver:
         if words[0] == "watch":
             on_event({"type": "watching"})
             for n in range(count):
-                on_event({"type": "call", "n": n + 1, "cost_ms": 10.0 + n})
+                # A busy loop: each call ends ~its own cost after the previous one.
+                on_event({"type": "call", "n": n + 1, "cost_ms": 10.0 + n, "ts": 1000.0 + 0.0125 * n,
+                          "thread": "MainThread"})
             return {"reason": "count", "matched": count, "target": "__main__.train_step"}
+        if words[:2] == ["torch", "dataloader"]:
+            return {"loaders": [], "threads": [], "sampled_s": 0.5, "cpus": 2}
         if words[0] == "trace":
             for n in range(count):
                 on_event({"type": "trace", "n": n + 1, "tree": {
@@ -126,7 +130,7 @@ def test_cpu_run_runs_every_phase_and_writes_everything(options: DiagnoseOptions
     result = run_diagnosis(driver, options)
     st = statuses(result)
     for name in ("status", "locate", "memory", "snapshot-before", "census-before", "profile",
-                 "record", "watch", "trace", "census-after", "snapshot-after", "report"):
+                 "record", "watch", "input", "trace", "census-after", "snapshot-after", "report"):
         assert st[name] == "ok", (name, result.phase(name).reason)
     assert any(" -s " in ln for ln in driver.lines) and any(" -r " in ln for ln in driver.lines)
     out = Path(options.out_dir)
@@ -160,6 +164,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "--profile-memory --with-stack --timeout 7",
         f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7",
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
+        "torch dataloader --sample 0.5",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
         f"torch tensors -f {out}/census-after.json --diff {out}/census-before.json",
         f"torch memory -s -f {out}/snapshot-after.pickle",
@@ -255,11 +260,11 @@ def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOp
 def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions) -> None:
     progress = Recorder()
     run_diagnosis(FakeDriver(), options, progress)
-    assert progress.lines[0] == "phase 1/12 Check the target (torch, CUDA)"
+    assert progress.lines[0] == "phase 1/13 Check the target (torch, CUDA)"
     assert "waiting waiting for train_step to be called: 3 of 4 calls" in progress.lines
     assert "waiting 4 of 4 calls seen; the agent is finishing (writing its files)" in progress.lines
     assert progress.lines[-1] == "done report ok"
-    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 12
+    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 13
 
 
 def test_partial_calls_are_kept_and_said(options: DiagnoseOptions) -> None:
@@ -292,3 +297,121 @@ def test_an_output_directory_with_spaces_is_quoted(tmp_path: Path) -> None:
     assert f"torch tensors -f '{options.out_dir}/census-before.json'" in driver.lines
     assert (Path(options.out_dir) / "profile.json.gz").exists()
     assert result.phase("profile").files == [f"{options.out_dir}/profile.json.gz"]
+
+
+def slow_loader_watch(words: list[str], on_event: Any) -> dict[str, Any]:
+    """11 ms calls, one every 300 ms: the loop is waiting elsewhere."""
+    count = int(words[words.index("-n") + 1])
+    for n in range(count):
+        on_event({"type": "call", "n": n + 1, "cost_ms": 11.0, "ts": 1000.0 + 0.3 * n,
+                  "thread": "MainThread"})
+    return {"reason": "count", "matched": count, "target": "__main__.train_step"}
+
+
+def slow_loader_state(words: list[str], on_event: Any) -> dict[str, Any]:
+    workers = [{"worker_id": i, "pid": 100 + i, "state": "running", "cpu_percent": 99.0,
+                "rss_bytes": 50 << 20} for i in range(2)]
+    return {"cpus": 16, "sampled_s": 1.5, "loaders": [{
+        "type": "DataLoader", "dataset": {"type": "train.SlowImages", "length": 5000},
+        "batch_size": 32, "num_workers": 2, "pin_memory": False, "prefetch_factor": 2,
+        "persistent_workers": False,
+        "iterators": [{"type": "_MultiProcessingDataLoaderIter", "batches_in_flight": 4,
+                       "batches_yielded": 40, "workers": workers}]}],
+        "threads": [{"thread": "MainThread", "samples": 150,
+                     "shares": {"dataloader_wait": 0.93, "running": 0.07},
+                     "top": [{"category": "dataloader_wait", "share": 0.93,
+                              "where": "DataLoader __next__ waiting for worker batches "
+                                       "(called at train() train.py:40)"}]}]}
+
+
+def test_input_bound_method_names_the_wait_and_fixes_from_the_real_settings(
+        options: DiagnoseOptions) -> None:
+    # GIVEN a method of 11 ms called every 300 ms while the loop waits in DataLoader __next__
+    driver = FakeDriver(overrides={"watch __main__ train_step --expr cost -n 4": slow_loader_watch,
+                                   "torch dataloader": slow_loader_state})
+    result = run_diagnosis(driver, options)
+    # THEN the stacks were sampled for several loop periods, and the finding says where and why
+    assert any(ln.startswith("torch dataloader --sample 1.5") for ln in driver.lines)
+    found = [f for f in result.report.findings if f.rule == "dataloader-bottleneck"]
+    assert len(found) == 1
+    f = found[0]
+    assert f.severity == "critical" and "4%" in f.title
+    assert "train() train.py:40" in f.where[0]
+    # The fix starts from num_workers=2 and the workers' CPU, and says what to set
+    assert "`num_workers=2`" in f.fix[0] and "99%" in f.fix[0] and "num_workers=" in f.fix[0]
+    needed = -(-2 * 300 // 11)  # each worker needs 600 ms per batch, the step takes 11 ms
+    assert f"about {needed} workers" in f.fix[0] and "16 CPUs" in f.fix[0] and "busy" in f.fix[0]
+    assert any("persistent_workers=True" in line for line in f.fix)
+
+
+def test_a_busy_method_is_not_called_input_bound(options: DiagnoseOptions) -> None:
+    result = run_diagnosis(FakeDriver(overrides={"torch dataloader": slow_loader_state}), options)
+    assert result.phase("watch").data["loop"]["busy_share"] > 0.5
+    assert not [f for f in result.report.findings if f.rule == "dataloader-bottleneck"]
+
+
+def test_failed_phases_give_exit_12_and_the_report_names_the_missing_evidence(
+        options: DiagnoseOptions, capsys: Any) -> None:
+    from flight_profiler.cli.diagnose_cmd import finish
+
+    def unreadable(words: list[str], on_event: Any) -> dict[str, Any]:
+        raise RemoteCommandError("tensor census: thread 'server' stayed inside one native call",
+                                 "retry when that call has returned")
+
+    result = run_diagnosis(FakeDriver(overrides={"torch tensors": unreadable}), options)
+    with pytest.raises(SystemExit) as exited:
+        finish(result, None, as_json=False)
+    assert exited.value.code == 12
+    md = Path(result.outputs["md"]).read_text()
+    assert "### Missing evidence" in md
+    assert "leaks of small tensors, who holds them" in md
+    out = capsys.readouterr()
+    assert "incomplete" in out.err
+
+
+def test_slow_but_idle_workers_are_told_to_multiply_past_the_cpu_count(
+        options: DiagnoseOptions) -> None:
+    def waiting_workers(words: list[str], on_event: Any) -> dict[str, Any]:
+        state = slow_loader_state(words, on_event)
+        state["cpus"] = 2
+        for w in state["loaders"][0]["iterators"][0]["workers"]:
+            w["cpu_percent"], w["state"] = 1.0, "sleeping"
+        return state
+
+    driver = FakeDriver(overrides={"watch __main__ train_step --expr cost -n 4": slow_loader_watch,
+                                   "torch dataloader": waiting_workers})
+    (f,) = [f for f in run_diagnosis(driver, options).report.findings
+            if f.rule == "dataloader-bottleneck"]
+    assert "barely use the CPU" in f.fix[0] and "`num_workers=32`" in f.fix[0]
+
+
+def test_a_loop_that_sleeps_between_calls_is_named_as_such(options: DiagnoseOptions) -> None:
+    def sleeping(words: list[str], on_event: Any) -> dict[str, Any]:
+        return {"cpus": 2, "sampled_s": 1.5, "loaders": [], "threads": [
+            {"thread": "MainThread", "samples": 100, "shares": {"sleep": 0.96, "running": 0.04},
+             "top": [{"category": "sleep", "share": 0.96, "where": "sleep at main() train.py:12"}]}]}
+
+    driver = FakeDriver(overrides={"watch __main__ train_step --expr cost -n 4": slow_loader_watch,
+                                   "torch dataloader": sleeping})
+    findings = run_diagnosis(driver, options).report.findings
+    (f,) = [f for f in findings if f.rule == "idle-loop"]
+    assert f.severity == "warning" and "sleeping" in f.title and "train.py:12" in f.where[0]
+    assert not [f for f in findings if f.rule == "dataloader-bottleneck"]
+
+
+def test_a_trace_based_dataloader_finding_gets_the_fix_from_the_real_settings(
+        options: DiagnoseOptions) -> None:
+    # GIVEN no method (a time window) whose trace shows DataLoader waits, and a live loader
+    options.target = None
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "traces" / "cpu_dataloader.json.gz"
+
+    def window(words: list[str], on_event: Any) -> dict[str, Any]:
+        shutil.copy(fixture, words[words.index("-f") + 1])
+        return {"path": words[words.index("-f") + 1]}
+
+    driver = FakeDriver(overrides={"torch profile": window, "torch dataloader": slow_loader_state})
+    result = run_diagnosis(driver, options)
+    (f,) = [f for f in result.report.findings if f.rule == "dataloader-bottleneck"]
+    # THEN its first fix starts from num_workers=2 (not a generic "use num_workers=N")
+    assert f.fix[0].startswith("`num_workers=2`")
+    assert any("persistent_workers=True" in line for line in f.fix)

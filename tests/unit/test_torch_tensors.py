@@ -117,7 +117,7 @@ def test_locals_of_running_functions_are_roots(tmp_path):
         done.wait(30)
         del running_losses
 
-    t = threading.Thread(target=training_loop)
+    t = threading.Thread(target=training_loop, name="fp-loop")
     t.start()
     try:
         assert ready.wait(10)
@@ -125,7 +125,7 @@ def test_locals_of_running_functions_are_roots(tmp_path):
     finally:
         done.set()
         t.join()
-    h = holder(doc, f"{__name__}.training_loop().running_losses[*]")
+    h = holder(doc, f"thread 'fp-loop' {__name__}.training_loop() local running_losses[*]")
     assert h["count"] == 7 and h["kind"] == "list" and h["with_grad_fn"] == 7
 
 
@@ -179,7 +179,7 @@ def test_nothing_is_kept_alive_even_without_gc(tmp_path):
         t.start()
         assert ready.wait(10)
         _, doc = census(tmp_path)
-        assert holder(doc, f"{__name__}.step_loop().batch")["count"] == 1
+        assert holder(doc, f"thread {__name__}.step_loop() local batch")["count"] == 1
         go.set()
         assert dropped.wait(10)
         assert refs[0]() is None
@@ -272,7 +272,7 @@ def loop():
     local_list = None   # only a stale f_locals snapshot could keep the old list alive now
     dropped.set(); done.wait(10)
 
-t = threading.Thread(target=loop); t.start(); ready.wait(10)
+t = threading.Thread(target=loop, name="fp-loop"); t.start(); ready.wait(10)
 def census():  # as the agent does: from its own thread's frame, which is not walked
     import gc, time
     wanted = {id(o): o for o in gc.get_objects() if isinstance(o, Tensor)}
@@ -300,5 +300,5 @@ def test_holder_walk_and_frame_locals_on_every_python(version, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert {"fp_holders.losses[*]", "fp_holders.trainer.history['loss'][*]",
-            "__main__.loop().local_list[*]"} <= set(out["paths"]), out
+            "thread 'fp-loop' loop() local local_list[*]"} <= set(out["paths"]), out
     assert out["after"] == [3, 42] and out["freed"] is True

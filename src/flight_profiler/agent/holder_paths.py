@@ -1,15 +1,17 @@
 """Who holds each live tensor: the first path from a module global or a running function's local
-to it, e.g. ``__main__.trainer.history['loss'][412]``.
+to it, e.g. ``__main__.trainer.history['loss'][412]``, ``main() local trainer.history[412]``,
+``thread 'server' serve() local self.cache['req-7']``.
 
 One breadth-first walk builds a reverse map for all tensors at once (``gc.get_referrers`` per
 tensor would be quadratic). Roots: the globals of every imported module (``__main__`` first,
 then the program's own modules, then libraries), then the locals of every thread's running
 functions. Walked: dict, list, tuple, set, deque, instance ``__dict__``, class ``__dict__``,
 nn.Module parameters/buffers/submodules, and a tensor's ``.grad``. Not walked: closures,
-C++-held references (autograd graphs, C extensions), objects with ``__slots__`` only.
+C++-held references (autograd graphs, C extensions), objects with ``__slots__`` only. Functions
+are walked through their closure cells (``make_hook.<closure cache>[*]``).
 
-Each path also has a canonical form where list/tuple indices and id-like dict keys become
-``[*]``, so that ``losses[411]`` and ``losses[412]`` (and the same holder in a later census)
+Each path also has a canonical form where list/tuple indices, dict keys holding digits or
+id-like, and every key of a dict above FOLD_KEYS_ABOVE entries become ``[*]``, so that ``losses[411]`` and ``losses[412]`` (and the same holder in a later census)
 group together. The walk has an object budget, a depth bound and a deadline; the map keeps
 only ids and edge labels, and everything is released when the census returns.
 """
@@ -20,13 +22,15 @@ import collections
 import gc
 import re
 import sys
+import sysconfig
+import threading
 import time
 import types
 from collections.abc import Iterable
 from typing import Any
 
 _ATOMIC = frozenset({int, float, str, bytes, bool, type(None), complex, range, slice})
-_SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+_SKIP_TYPES = (types.ModuleType, types.BuiltinFunctionType, types.MethodType,
                types.CodeType, types.FrameType, types.TracebackType, types.GeneratorType)
 _HEAPTYPE = 1 << 9
 _tracked = gc.is_tracked
@@ -35,10 +39,15 @@ _tracked = gc.is_tracked
 # user code like any other.
 _OURS = ("_flight_profiler_agent", "flight_profiler.agent")
 _CO_OPTIMIZED = 0x0001
+_EMPTY = object()
+_DEFAULT_THREAD_NAME = re.compile(r"^(?:Thread|Dummy)-\d+(?: \(.*\))?$")
 _IDLIKE = re.compile(r"^(?:\d+|[0-9a-fA-F]{8,}|[0-9a-fA-F-]{32,36}|0x[0-9a-fA-F]+)$")
 
 # Edge kinds: root, attribute, key, index, set member, module parameter/buffer/submodule, grad.
-ROOT, ATTR, KEY, INDEX, MEMBER, PARAM, BUFFER, SUBMOD, GRAD = range(9)
+ROOT, ATTR, KEY, INDEX, MEMBER, PARAM, BUFFER, SUBMOD, GRAD, FOLDKEY, CELL = range(11)
+# A dict with more keys than this is a cache or a registry: its keys fold into one ``[*]`` so
+# that growth shows per container (``_RESULT_CACHE[*]``), not as one new holder per key.
+FOLD_KEYS_ABOVE = 16
 _MODULE_DICTS = frozenset({"_parameters", "_buffers", "_modules"})
 _KIND_NAMES = {ATTR: "attribute", PARAM: "parameter", BUFFER: "buffer", SUBMOD: "attribute",
                GRAD: "grad"}
@@ -85,9 +94,13 @@ def _render(kind: int, label: Any, canonical: bool) -> str:
         return "[*]" if canonical else f"[{label}]"
     if kind == MEMBER:
         return "{*}"
+    if kind == CELL:
+        return f".<closure {label}>"
+    if kind == FOLDKEY and canonical:
+        return "[*]"
     # dict key
     if isinstance(label, str):
-        if canonical and _IDLIKE.match(label):
+        if canonical and (_IDLIKE.match(label) or any(c.isdigit() for c in label)):
             return "[*]"
         return f"[{label[:40]!r}]"
     if isinstance(label, (int, float)) and not isinstance(label, bool):
@@ -116,8 +129,18 @@ def _module_order(modules: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return main + own + libs
 
 
+def _frame_prefix(thread: str, module: str, function: str) -> str:
+    """``main() local`` in the main thread, ``thread "server" serve() local`` elsewhere."""
+    where = f"{function}()" if module == "__main__" else f"{module}.{function}()"
+    if thread == "MainThread":
+        return f"{where} local"
+    if _DEFAULT_THREAD_NAME.match(thread):
+        return f"thread {where} local"  # "Thread-7 (run)" is a counter, not a name users chose
+    return f"thread {thread!r} {where} local"
+
+
 def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
-    """(prefix, locals) of every running function in other threads.
+    """(prefix, locals) of every running function of every thread but ``skip_thread``.
 
     On CPython < 3.13 ``frame.f_locals`` is a snapshot dict cached on the frame; left there it
     would keep the locals of this moment alive after they are rebound. It is emptied after
@@ -131,17 +154,34 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
     # tensor the census collected alive until the next GC pass.
     frames = sys._current_frames()
     frames.pop(skip_thread, None)  # type: ignore[arg-type]
+    names = {t.ident: t.name for t in threading.enumerate()}
     f: Any = None
     top: Any = None
+    chain: list[Any] = []
+    lib_prefixes = _library_prefixes()
     try:
-        for top in list(frames.values()):
+        # The main thread first: its paths are the ones users recognise.
+        for ident, top in sorted(frames.items(), key=lambda kv: names.get(kv[0]) != "MainThread"):
+            thread = names.get(ident, f"thread-{ident}")
+            if thread.startswith("flight_profiler-"):
+                continue  # the agent's own threads
+            chain = []
             f = top
             while f is not None:
+                chain.append(f)
+                f = f.f_back
+            # Outermost first, the program's own frames before the libraries' (threading's
+            # run(), torch's wrappers): a census taken while the thread is inside step() must
+            # name `main() local trainer`, as one taken between steps does, not `step() local
+            # self` or `threading.run() local self._args`.
+            chain.reverse()
+            chain.sort(key=lambda fr: fr.f_code.co_filename.startswith(lib_prefixes))
+            for f in chain:
                 code = f.f_code
                 module = str(f.f_globals.get("__name__", "?"))
                 if code.co_flags & _CO_OPTIMIZED and not code.co_filename.startswith("<flight_profiler") \
                         and not module.startswith(_OURS):
-                    prefix = f"{module}.{code.co_name}()"
+                    prefix = _frame_prefix(thread, module, code.co_name)
                     if not snapshot_semantics:
                         roots.append((prefix, dict(f.f_locals)))
                     elif f.f_trace is None and "locals" not in code.co_names and "vars" not in code.co_names:
@@ -149,11 +189,23 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
                         roots.append((prefix, dict(snap)))
                         snap.clear()
                         snap = None
-                f = f.f_back
+            chain.clear()
     finally:
         frames.clear()
+        chain.clear()
         f = top = None
     return roots
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    """Where installed code lives: the standard library and site-packages."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        try:
+            paths.add(sysconfig.get_paths()[key])
+        except (KeyError, OSError):
+            continue
+    return tuple(p for p in paths if p)
 
 
 def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, deadline: float,
@@ -225,7 +277,7 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
     for prefix, local_vars in _frame_roots(skip_thread):
         for key, value in local_vars.items():
             if type(value) not in _ATOMIC:
-                visit(-1, ROOT, f"{prefix}.{key}", value, "local")
+                visit(-1, ROOT, f"{prefix} {key}", value, "local")
         local_vars.clear()
     bfs()
     return w
@@ -248,6 +300,11 @@ def _may_hold(obj: Any, t: type) -> bool:
             values = obj
         elif issubclass(t, type):
             return bool(obj.__flags__ & _HEAPTYPE)
+        elif t is types.FunctionType:
+            cells = obj.__closure__
+            if not cells:
+                return False
+            values = [c.cell_contents for c in cells if _full(c)]
         elif t.__flags__ & _HEAPTYPE or t is types.SimpleNamespace:
             d = object.__getattribute__(obj, "__dict__")
             if not isinstance(d, dict):
@@ -257,6 +314,13 @@ def _may_hold(obj: Any, t: type) -> bool:
             return False
         return any(type(v) not in _ATOMIC for v in values)
     except Exception:  # no __dict__, or mutated while we looked
+        return False
+
+
+def _full(cell: Any) -> bool:
+    try:
+        return cell.cell_contents is not _EMPTY
+    except ValueError:  # a cell not yet (or no longer) bound
         return False
 
 
@@ -272,10 +336,12 @@ def _expand(obj: Any, cid: int, visit: Any, module_type: Any) -> None:
                 if tv not in _ATOMIC and not ((tv is dict or tv is tuple) and not _tracked(v)):
                     visit(cid, INDEX, i, v, kind)
         elif issubclass(t, dict):
-            for k, v in list(obj.items()):
+            items = list(obj.items())
+            edge = FOLDKEY if len(items) > FOLD_KEYS_ABOVE else KEY
+            for k, v in items:
                 tv = type(v)
                 if tv not in _ATOMIC and not ((tv is dict or tv is tuple) and not _tracked(v)):
-                    visit(cid, KEY, k, v, "dict")
+                    visit(cid, edge, k, v, "dict")
         elif t is set or t is frozenset:
             for v in list(obj):
                 if type(v) not in _ATOMIC:
@@ -289,6 +355,16 @@ def _expand(obj: Any, cid: int, visit: Any, module_type: Any) -> None:
             for i, v in enumerate(list(obj)):
                 if type(v) not in _ATOMIC:
                     visit(cid, INDEX, i, v, type(obj).__name__)
+        elif t is types.FunctionType:
+            cells = obj.__closure__
+            if cells:
+                for name, cell in zip(obj.__code__.co_freevars, cells):
+                    try:
+                        v = cell.cell_contents
+                    except ValueError:  # an empty cell
+                        continue
+                    if type(v) not in _ATOMIC and type(v) is not types.ModuleType:
+                        visit(cid, CELL, name, v, "closure")
         elif t.__flags__ & _HEAPTYPE or t is types.SimpleNamespace:
             try:
                 d = object.__getattribute__(obj, "__dict__")

@@ -35,6 +35,7 @@ HANDLERS: dict[str, str] = {
     "torch tensors": "torch_tensors:handle_tensors",
     "torch profile": "torch_profile:handle_profile",
     "torch fr": "torch_fr:handle",
+    "torch dataloader": "torch_dataloader:handle_dataloader",
 }
 
 

@@ -1,4 +1,5 @@
-"""Run a function in the target's main thread, between two bytecodes.
+"""Run a function in the target's main thread, between two bytecodes (fallback: thread_gate.py
+holds every thread instead, where CPython allows it).
 
 Why: reading tensors' metadata (grad_fn, storage, shape) from the agent's thread while the
 training thread is inside a torch op with the GIL released is a data race in PyTorch's C++:
@@ -82,12 +83,43 @@ def run_in_main_thread(fn: Callable[[], Any], timeout: float,
     return state.get("value")
 
 
-def at_safe_point(ctx: Any, fn: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    """:func:`run_in_main_thread` for a handler: a timeout becomes a user-facing error."""
+def _torch_profiler_running() -> bool:
+    """A torch profiler session may have set its Python tracer on every thread; the gate resets
+    the threads' profile functions afterwards and would switch it off mid-session."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch._C._autograd._profiler_enabled())
+    except Exception:
+        return False
+
+
+def at_safe_point(ctx: Any, fn: Callable[[], Any], what: str, timeout: float = 2.0) -> Any:
+    """Run ``fn`` while no other thread can be inside a torch op; a timeout becomes a user error.
+
+    Where CPython lets the agent hold every thread at a safe point (thread_gate.py), ``fn`` runs
+    in the agent's thread with the others held: this works whichever thread does the torch work,
+    including a main thread parked in ``join()``. Elsewhere, or while a torch profiler session
+    runs (the gate would switch its Python tracer off), it runs in the main thread.
+    """
+    from . import thread_gate
     from .registry import CommandError
 
+    def cancelled() -> bool:
+        return bool(ctx.cancelled)
+
     try:
-        return run_in_main_thread(fn, timeout, cancelled=lambda: bool(ctx.cancelled))
+        if thread_gate.supported() and not _torch_profiler_running():
+            return thread_gate.run_with_threads_held(fn, timeout, cancelled=cancelled)
+        return run_in_main_thread(fn, max(timeout, 15.0), cancelled=cancelled)
+    except thread_gate.GateTimeout as exc:
+        raise CommandError(
+            f"{what}: {exc}; reading tensors while it runs could crash the process, so nothing "
+            "was read",
+            "retry when that call has returned; if it never returns between steps (one huge op), "
+            "take the evidence from a method instead, e.g. `torch memory -r module [class] method`",
+        ) from None
     except SafePointTimeout as exc:
         raise CommandError(
             f"{what}: {exc}; the main thread is inside a long native call or blocked, and "

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import threading
 import time
 import warnings
 import weakref
@@ -165,7 +164,8 @@ class _Graphs:
 
 def take(torch: Any, label: str = "", seconds: float = 5.0, max_objects: int = 20_000_000,
          walk_objects: int = 2_000_000, graph_nodes: int = 200_000, max_depth: int = 12) -> dict[str, Any]:
-    """The census document. Runs in the agent's thread; pauses the cyclic GC meanwhile."""
+    """The census document. Runs while no thread can be inside a torch op (safepoint.py);
+    pauses the cyclic GC meanwhile."""
     started = time.monotonic()
     budget = Budget(seconds, max_objects, walk_objects, graph_nodes)
     skipped: list[str] = []
@@ -223,8 +223,9 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
 
     # Holders first: a saved tensor that something else also holds is not the graph's doing.
     wanted = {id(t): t for t in tensors}
-    w = holder_paths.walk(torch, wanted, budget.walk_objects, max_depth, budget.deadline,
-                          skip_thread=threading.get_ident())
+    # The agent's threads are left out by name; the thread running this (the main thread at a
+    # pending call) keeps its user frames, below the census's own.
+    w = holder_paths.walk(torch, wanted, budget.walk_objects, max_depth, budget.deadline)
     wanted.clear()
     if w.truncated:
         skipped.append(w.truncated)

@@ -30,7 +30,8 @@ ATTACH_TIMEOUT_MIN = 10.0
         "  flight_profiler diagnose 1234 mypkg.trainer Trainer step --calls 20 --out diag/\n\n"
         "  flight_profiler diagnose 1234 --duration 10          (no method: a time window)\n\n"
         "  flight_profiler diagnose 1234 train train_step --fail-on warning --json   (CI)\n\n"
-        "Exit codes: 0 done, 9 a finding reached --fail-on, others as for every command "
+        "Exit codes: 0 done, 9 a finding reached --fail-on, 12 some phases failed (the report "
+        "says which evidence is missing), others as for every command "
         "(docs/exit-codes.md). Details: docs/diagnose.md."
     ),
 )
@@ -153,11 +154,16 @@ def finish(result: object, fail_on: str | None, as_json: bool) -> None:
 
     assert isinstance(result, DiagnoseResult)
     report = result.report
+    from flight_profiler.diagnose.evidence import missing
+
+    gaps = missing(result)
     code = ExitCode.OK
     if fail_on and report is not None and report.reaches(fail_on):
         code = ExitCode.FINDINGS
     elif fail_on and report is None:
         code = ExitCode.COMMAND_FAILED  # CI asked for a verdict and none could be made
+    elif gaps:
+        code = ExitCode.INCOMPLETE  # a quiet report over missing evidence is no all-clear
     if as_json:
         sys.stdout.write(json.dumps(summary.to_json(result, code), default=str) + "\n")
         sys.stdout.flush()
@@ -168,6 +174,9 @@ def finish(result: object, fail_on: str | None, as_json: bool) -> None:
         if code == ExitCode.FINDINGS:
             Console(stderr=True).print(f"findings reached --fail-on {fail_on}: exit {code}",
                                        highlight=False)
+        elif code == ExitCode.INCOMPLETE:
+            Console(stderr=True).print(f"{len(gaps)} phase(s) failed, so the diagnosis is "
+                                       f"incomplete: exit {code}", highlight=False)
         elif code:
             Console(stderr=True).print(f"no report could be made, so --fail-on {fail_on} cannot "
                                        f"pass: exit {code}", highlight=False)

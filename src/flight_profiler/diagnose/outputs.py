@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from flight_profiler.diagnose import evidence
 from flight_profiler.diagnose.model import FAILED, OK, SKIPPED, DiagnoseResult, PhaseResult
 
 REPORT_FILES = {"md": "report.md", "json": "report.json", "html": "report.html"}
@@ -41,6 +42,8 @@ def build_report(result: DiagnoseResult) -> PhaseResult:
         from flight_profiler.report import analyze
 
         report = analyze(paths)
+        # Live evidence no artefact carries (the loop's share, the loaders' settings).
+        report.findings = evidence.merge(result, report.findings)
         result.report = report
         out = result.options.out_dir
         extra = result_sections(result)
@@ -87,6 +90,7 @@ def result_sections(result: DiagnoseResult) -> dict[str, Any]:
                    for p in result.phases],
         "cost": watch.data.get("cost") if watch else None,
         "where_time_goes": trace.data.get("where_time_goes") if trace else None,
+        "missing_evidence": evidence.missing(result),
     }
 
 
@@ -102,6 +106,13 @@ def sections_markdown(extra: dict[str, Any]) -> str:
         note = p["reason"] or (f"`{p['command']}`" if p["command"] else "")
         note = note.replace("|", "\\|")
         lines.append(f"| {p['title']} | {_status_text(p['status'])} | {p['seconds']:.2f} | {note} |")
+    gaps = extra.get("missing_evidence") or []
+    if gaps:
+        lines += ["", "### Missing evidence", "",
+                  f"{len(gaps)} phase(s) failed: the report above cannot show what they would have "
+                  "found, so no finding there is not an all-clear.", ""]
+        lines += [f"- {g['title']} ({g['status'].replace('_', ' ')}): hides {g['hides']}. "
+                  f"Why: {g['reason']}" for g in gaps]
     cost = extra.get("cost")
     if cost and cost.get("calls"):
         lines += ["", f"### Cost per call over {cost['calls']} calls", "",
@@ -133,6 +144,13 @@ def sections_html(extra: dict[str, Any]) -> str:
     parts = [f"<section id=\"diagnose\"><h2>Diagnose workflow: <code>{e(target)}</code></h2>",
              "<table><tr><th>phase</th><th>status</th><th>seconds</th><th>note</th></tr>",
              rows, "</table>"]
+    gaps = extra.get("missing_evidence") or []
+    if gaps:
+        items = "".join(f"<li>{e(g['title'])} ({e(g['status'].replace('_', ' '))}): hides "
+                        f"{e(g['hides'])}. Why: {e(g['reason'])}</li>" for g in gaps)
+        parts += ["<h3>Missing evidence</h3>",
+                  f"<p>{len(gaps)} phase(s) failed: the report cannot show what they would have "
+                  f"found, so no finding there is not an all-clear.</p><ul>{items}</ul>"]
     cost = extra.get("cost")
     if cost and cost.get("calls"):
         cells = "".join(f"<td>{cost[k]:.3f} ms</td>" for k in

@@ -195,3 +195,34 @@ def where_time_goes(roots: list[dict[str, Any]], top: int = 12, depth: int = 3) 
         "self_pct": round(100.0 * self_ms / total, 1) if total > 0 else 0.0,
         "top": rows,
     }
+
+
+# -- between calls ----------------------------------------------------------------------------
+# The method is "idle-bound" when it runs less than this share of the time between its calls:
+# the loop spends the rest elsewhere (waiting for data, sleeping, I/O). A share, not a time,
+# so that a loaded machine (everything slower alike) does not change the verdict.
+BUSY_SHARE_IDLE = 0.5
+
+
+def busy_share(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """How much of the loop the method takes: cost of calls / time between their ends.
+
+    Watch events carry ``ts`` (wall clock at return) and ``cost_ms``; consecutive calls from one
+    thread give the loop period. None with fewer than 3 calls.
+    """
+    rows = [(float(e["ts"]), c, e.get("thread")) for e in events
+            if isinstance(e, dict) and _as_float(e.get("ts")) is not None
+            for c in (cost_ms(e),) if c is not None]
+    if len(rows) < 3:
+        return None
+    rows.sort()
+    gaps = [(b[0] - a[0]) * 1000.0 for a, b in zip(rows, rows[1:])]
+    costs = [r[1] for r in rows[1:]]
+    period = statistics.median(gaps)
+    if period <= 0:
+        return None
+    share = min(1.0, sum(costs) / sum(gaps)) if sum(gaps) > 0 else 1.0
+    threads = [r[2] for r in rows if r[2]]
+    return {"calls": len(rows), "period_ms": round(period, 3),
+            "cost_ms": round(statistics.median(costs), 3), "busy_share": round(share, 3),
+            "thread": max(set(threads), key=threads.count) if threads else None}

@@ -46,6 +46,14 @@ def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
     findings = ranked_findings(result)
     if result.report is None:
         console.print("[red]no report[/red] (see the phases above)")
+    elif not findings and any(p.status in ("failed", "timed_out") for p in result.phases):
+        from flight_profiler.diagnose.evidence import missing
+
+        console.print("[yellow]No problem found in the evidence collected, but it is "
+                      "incomplete:[/yellow]")
+        for gap in missing(result):
+            console.print(f"  - without {escape(gap['title'].lower())}: cannot see "
+                          f"{escape(gap['hides'])}", highlight=False)
     elif not findings:
         console.print("[green]No problem found.[/green]")
     else:

@@ -76,6 +76,7 @@ class Run:
     cuda: bool | None = None
     method_called: bool | None = None  # None: no method given or not checked yet
     census_before_at: float = 0.0
+    watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
 
     def path(self, name: str) -> str:
         """An artefact's path, quoted for a command line (the directory may contain spaces)."""
@@ -233,6 +234,7 @@ def phase_watch(run: Run, phase: PhaseResult) -> None:
         _summarise_watch(phase, exc.partial or {})
         raise
     _summarise_watch(phase, result)
+    run.watch_loop = phase.data.get("loop")
     _note_partial(phase, {"calls_recorded": phase.data["cost"].get("calls", 0)}, o.calls)
 
 
@@ -253,6 +255,31 @@ def _summarise_watch(phase: PhaseResult, result: dict[str, Any]) -> None:
                 break
     phase.data["cost"] = stats.spread(costs)
     phase.data["costs_ms"] = [round(c, 4) for c in costs]
+    loop = stats.busy_share(events)
+    if loop is not None:
+        phase.data["loop"] = loop
+
+
+def phase_input(run: Run, phase: PhaseResult) -> None:
+    """The DataLoaders' real settings, and where the loop spends its time between calls.
+
+    Runs when torch is there: the input-bound verdict and its fix need the loaders' settings
+    (num_workers, pin_memory...), and with a method whose calls are a small share of the loop,
+    the stacks sampled here say what fills the rest (a DataLoader wait, a sleep, I/O).
+    """
+    run.require_torch()
+    watch = run.watch_loop or {}
+    idle = bool(watch) and float(watch.get("busy_share", 1.0)) < stats.BUSY_SHARE_IDLE
+    # Long enough to see a few loop periods, short enough not to slow the diagnosis down.
+    period_s = float(watch.get("period_ms", 0.0)) / 1000.0 if watch else 0.0
+    sample = min(5.0, max(1.0, 5 * period_s)) if idle or run.options.target is None else 0.5
+    result = run.command(phase, f"torch dataloader --sample {sample:g}", timeout=sample + 10)
+    phase.data["loaders"] = result.get("loaders") or []
+    phase.data["threads"] = result.get("threads") or []
+    phase.data["sampled_s"] = result.get("sampled_s")
+    phase.data["cpus"] = result.get("cpus")
+    if watch:
+        phase.data["loop"] = watch
 
 
 def phase_trace(run: Run, phase: PhaseResult) -> None:
@@ -316,6 +343,7 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
     ("profile", "Profile with memory", phase_profile),
     ("record", "Record allocations during the method", phase_record),
     ("watch", "Watch the method's cost", phase_watch),
+    ("input", "DataLoaders, and where the loop waits", phase_input),
     ("trace", "Trace where the time goes", phase_trace),
     ("census-after", "Tensor census (after)", phase_census_after),
     ("snapshot-after", "Memory snapshot (after)", phase_snapshot_after),

@@ -3,11 +3,19 @@ SVG. No script, no stylesheet or font from the network: it opens offline."""
 
 from __future__ import annotations
 
+import re
 import time
 from html import escape
 
 from flight_profiler.rank_list import ranks_label
-from flight_profiler.render.report_summary import memory_rows, ordered_fixes, perf_rows
+from flight_profiler.render.report_summary import (
+    memory_columns,
+    memory_heading,
+    memory_rows,
+    ordered_fixes,
+    perf_rows,
+    quiet_text,
+)
 from flight_profiler.render.svg_charts import busy_timeline, hbars, line_chart, step_chart
 from flight_profiler.report.models import Report
 from flight_profiler.report.units import fmt_us
@@ -24,6 +32,14 @@ code{background:#f3f3f3;padding:0 3px;border-radius:2px}.bad{color:#c62828}
 svg.chart{width:100%;height:auto;margin:6px 0}.ct{font-size:13px;font-weight:bold}.tk,.lb,.lg{font-size:11px}
 .ax{stroke:#888;stroke-width:1}
 """
+
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _rich(text: str) -> str:
+    """Escaped text whose `code spans` (as the rules write them) render as <code>."""
+    return _CODE.sub(lambda m: f"<code>{m.group(1)}</code>", escape(text))
 
 
 def _table(rows: list[dict[str, str]], cols: list[str]) -> str:
@@ -84,13 +100,13 @@ def render_html(report: Report) -> str:
         P.append("<table><tr><th>severity</th><th>rule</th><th>finding</th></tr>")
         for f in problems:
             P.append(f"<tr><td><span class=\"sev {f.severity}\">{f.severity}</span></td>"
-                     f"<td><code>{escape(f.rule)}</code></td><td>{escape(f.summary)}</td></tr>")
+                     f"<td><code>{escape(f.rule)}</code></td><td>{_rich(f.summary)}</td></tr>")
         P.append("</table>")
     else:
-        P.append("<p>No known problem pattern found in these inputs.</p>")
-    P.append("<h2>GPU Memory State</h2>")
-    P.append(_table(memory_rows(report), ["source", "device", "total", "allocated", "reserved", "peak"])
-             or "<p>No memory data in these inputs.</p>")
+        P.append(f"<p>{_rich(quiet_text(report))}</p>")
+    P.append(f"<h2>{escape(memory_heading(report))}</h2>")
+    mem = memory_rows(report)
+    P.append(_table(mem, memory_columns(mem)) or "<p>No memory data in these inputs.</p>")
     P.append("<h2>Performance Analysis</h2>")
     perf = perf_rows(report)
     P.append(_table(perf, list(perf[0].keys())) if perf else "<p>No trace among the inputs.</p>")
@@ -101,9 +117,9 @@ def render_html(report: Report) -> str:
         P.append(f"<div class=\"finding {cls}\"><p><span class=\"sev {f.severity}\">{f.severity}</span> "
                  f"<code>{escape(f.rule)}</code> "
                  + (f"[{escape(ranks_label(f.ranks))}] " if f.ranks is not None else "")
-                 + f"<b>{escape(f.title)}</b></p><p>{escape(f.summary)}</p>")
+                 + f"<b>{_rich(f.title)}</b></p><p>{_rich(f.summary)}</p>")
         if f.evidence:
-            P.append("<ul>" + "".join(f"<li>{escape(e)}</li>" for e in f.evidence) + "</ul>")
+            P.append("<ul>" + "".join(f"<li>{_rich(e)}</li>" for e in f.evidence) + "</ul>")
         if f.where:
             P.append("<p>Where:</p><ul>" + "".join(f"<li><code>{escape(w)}</code></li>" for w in f.where)
                      + "</ul>")
@@ -113,9 +129,9 @@ def render_html(report: Report) -> str:
     P.append("<h2>Root Cause</h2><ul>")
     for f in problems:
         if f.root_cause:
-            P.append(f"<li><b>{escape(f.rule)}</b>: {escape(f.root_cause)}</li>")
+            P.append(f"<li><b>{escape(f.rule)}</b>: {_rich(f.root_cause)}</li>")
     P.append("</ul><h2>Recommendations</h2><ol>")
     for rule, fix in ordered_fixes(report):
-        P.append(f"<li>{escape(fix)} <i>({escape(rule)})</i></li>")
+        P.append(f"<li>{_rich(fix)} <i>({escape(rule)})</i></li>")
     P.append("</ol></body></html>\n")
     return "".join(P)

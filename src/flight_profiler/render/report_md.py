@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from flight_profiler.rank_list import ranks_label
-from flight_profiler.render.report_summary import hot_rows, memory_rows, ordered_fixes, perf_rows
+from flight_profiler.render.report_summary import (
+    hot_rows,
+    memory_columns,
+    memory_heading,
+    memory_rows,
+    ordered_fixes,
+    perf_rows,
+    quiet_text,
+)
 from flight_profiler.report.models import Report
 
 _ICON = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
@@ -40,15 +48,15 @@ def render_markdown(report: Report) -> str:
     if not report.readable:
         L += ["No input could be read.", ""]
     elif not problems:
-        L += ["No known problem pattern found in these inputs.", ""]
+        L += [quiet_text(report), ""]
     else:
         L += _table([{"severity": _ICON[f.severity], "rule": f"`{f.rule}`", "finding": f.title,
                       "input": ", ".join(p.rsplit("/", 1)[-1] for p in f.inputs[:3])}
                      for f in problems], ["severity", "rule", "finding", "input"])
 
-    L += ["## GPU Memory State", ""]
+    L += [f"## {memory_heading(report)}", ""]
     mem = memory_rows(report)
-    L += _table(mem, ["source", "device", "total", "allocated", "reserved", "peak"]) if mem else [
+    L += _table(mem, memory_columns(mem)) if mem else [
         "No memory data in these inputs (profile with profile_memory=True, or take a snapshot).", ""]
 
     L += ["## Performance Analysis", ""]

@@ -87,3 +87,30 @@ def ordered_fixes(report: Report) -> list[tuple[str, str]]:
                 seen.add(fix)
                 out.append((f.rule, fix))
     return out
+
+
+def memory_heading(report: Report) -> str:
+    """"GPU Memory State" only when some input shows a GPU; CPU-only runs say so."""
+    for inp in report.readable:
+        if inp.kind == "snapshot" and str(inp.data.get("device_type", "")).startswith("cuda"):
+            return "GPU Memory State"
+        if inp.kind == "trace" and (inp.data.get("has_gpu")
+                                    or any(str(d).startswith("cuda") for d in inp.data.get("memory") or {})):
+            return "GPU Memory State"
+    return "Memory State (CPU)"
+
+
+def memory_columns(rows: list[dict[str, str]]) -> list[str]:
+    """The memory table's columns, without those no input could fill (a CPU has no "total")."""
+    cols = ["source", "device", "total", "allocated", "reserved", "peak"]
+    return [c for c in cols if c in ("source", "device")
+            or any(r.get(c) not in ("?", "-", "", None) for r in rows)]
+
+
+def quiet_text(report: Report) -> str:
+    """What to say when no problem was found: an all-clear only if nothing was out of reach."""
+    gaps = [f for f in report.findings if f.rule == "coverage"]
+    if gaps:
+        return ("No known problem pattern found in these inputs, but they cannot show everything: "
+                + " ".join(f.summary for f in gaps))
+    return "No known problem pattern found in these inputs."

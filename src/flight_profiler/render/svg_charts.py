@@ -7,6 +7,23 @@ from html import escape
 from flight_profiler.report.units import fmt_bytes, fmt_us
 
 W, H, PAD = 720, 200, 84
+# Characters of 11px text that fit across the chart (about 6 px each).
+LINE_CHARS = 115
+
+
+def _fit(label: str, limit: int) -> str:
+    """Shorten only past ``limit``, keeping both ends (operator and kernel names differ at the
+    end as often as at the start); the full text stays in the element's tooltip."""
+    if len(label) <= limit:
+        return label
+    half = (limit - 1) // 2
+    return label[:half] + "…" + label[-(limit - 1 - half):]
+
+
+def _lines(label: str, per_line: int = LINE_CHARS, most: int = 3) -> list[str]:
+    """A long label wrapped over up to ``most`` lines (then shortened in the middle)."""
+    label = _fit(label, per_line * most)
+    return [label[i:i + per_line] for i in range(0, len(label), per_line)] or [""]
 
 
 def line_chart(series: list[tuple[str, list[list[float]]]], title: str) -> str:
@@ -29,7 +46,9 @@ def line_chart(series: list[tuple[str, list[list[float]]]], title: str) -> str:
             for p in pts)
         c = colors[k % len(colors)]
         parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{coords}"/>')
-        parts.append(f'<text x="{W - 200}" y="{30 + 14 * k}" fill="{c}" class="lg">{escape(lab[:40])}</text>')
+        # The legend goes under the title, from the left: a right-hand legend ran off the chart.
+        parts.append(f'<text x="{PAD + 8}" y="{30 + 14 * k}" fill="{c}" class="lg">'
+                     f'{escape(_fit(lab, LINE_CHARS - 16))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -42,7 +61,7 @@ def step_chart(labels: list[str], values: list[float], title: str) -> str:
     n = len(values)
     parts = [f'<svg class="chart" viewBox="0 0 {W} {H + 30}" role="img" aria-label="{escape(title)}">',
              f'<text x="{PAD}" y="14" class="ct">{escape(title)}</text>',
-             _axes("0", fmt_bytes(vmax), labels[0][:20], labels[-1][:20])]
+             _axes("0", fmt_bytes(vmax), _fit(labels[0], 50), _fit(labels[-1], 50) if n > 1 else "")]
     xy = [(PAD + (W - PAD - 20) * (i / max(1, n - 1)), H - (H - 30) * v / vmax) for i, v in enumerate(values)]
     parts.append('<polyline fill="none" stroke="#d62728" stroke-width="2" points="'
                  + " ".join(f"{x:.1f},{y:.1f}" for x, y in xy) + '"/>')
@@ -79,18 +98,21 @@ def hbars(rows: list[tuple[str, float, str]], title: str) -> str:
     if not rows:
         return ""
     vmax = max(v for _, v, _ in rows) or 1.0
-    rh = 18
-    height = 24 + rh * len(rows)
-    parts = [f'<svg class="chart" viewBox="0 0 {W} {height}" role="img" aria-label="{escape(title)}">',
-             f'<text x="4" y="14" class="ct">{escape(title)}</text>']
-    for i, (lab, v, txt) in enumerate(rows):
-        y = 22 + i * rh
-        w = (W - 420) * v / vmax
-        parts.append(f'<text x="4" y="{y + 12}" class="lb">{escape(lab if len(lab) <= 46 else lab[:45] + "…")}</text>')
-        parts.append(f'<rect x="340" y="{y + 2}" width="{max(w, 1):.1f}" height="{rh - 5}" fill="#1f77b4">'
-                     f'<title>{escape(lab)}</title></rect>')
-        parts.append(f'<text x="{344 + w:.1f}" y="{y + 12}" class="lb">{escape(txt)}</text>')
-    parts.append("</svg>")
+    bar, line = 13, 13
+    body: list[str] = []
+    y = 22
+    for lab, v, txt in rows:
+        # The name on its own line(s) across the chart, the bar under it: names are not cut.
+        for k, part in enumerate(_lines(lab)):
+            body.append(f'<text x="4" y="{y + 11 + k * line}" class="lb">{escape(part)}</text>')
+        y += line * len(_lines(lab))
+        w = (W - 120) * v / vmax
+        body.append(f'<rect x="4" y="{y + 1}" width="{max(w, 1):.1f}" height="{bar - 2}" fill="#1f77b4">'
+                    f'<title>{escape(lab)}</title></rect>')
+        body.append(f'<text x="{8 + w:.1f}" y="{y + 10}" class="lb">{escape(txt)}</text>')
+        y += bar + 5
+    parts = [f'<svg class="chart" viewBox="0 0 {W} {y + 4}" role="img" aria-label="{escape(title)}">',
+             f'<text x="4" y="14" class="ct">{escape(title)}</text>', *body, "</svg>"]
     return "".join(parts)
 
 

@@ -44,7 +44,8 @@ def build_context(inputs: list[InputResult]) -> Context:
         censuses=[i for i in ok if i.kind == "census"],
         stacks=[i for i in ok if i.kind == "stacks"],
     )
-    ctx.snapshot_series = _series(ctx.snapshots)
+    # A `-r` recording is the allocations of a few calls: no point of memory over time.
+    ctx.snapshot_series = _series([s for s in ctx.snapshots if not s.data.get("recorded_calls")])
     ctx.census_series = _series(ctx.censuses)
     return ctx
 

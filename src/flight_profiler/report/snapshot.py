@@ -163,6 +163,8 @@ def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
         "time": fp.get("time") if isinstance(fp.get("time"), (int, float)) else mtime,
         "time_source": "flight_profiler.time" if isinstance(fp.get("time"), (int, float)) else "mtime",
         "label": fp.get("label"),
+        # `torch memory -r`: allocations during N calls, not the process's memory at a moment.
+        "recorded_calls": fp.get("calls") if isinstance(fp.get("calls"), int) else None,
         "devices": {str(k): v for k, v in sorted(devices.items())},
         "allocated": sum(d["allocated"] for d in devices.values()),
         "reserved": sum(d["reserved"] for d in devices.values()),

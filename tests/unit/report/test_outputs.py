@@ -104,3 +104,27 @@ def test_cli_cannot_write_is_one_clear_error(tmp_path: Path) -> None:
                                           str(tmp_path / "missing" / "r.md")], standalone_mode=False)
     assert "cannot write" in str(res.exception)
     assert res.exception.exit_code == ExitCode.COMMAND_FAILED  # type: ignore[union-attr]
+
+
+def test_html_renders_code_and_cpu_headings_and_whole_labels(tmp_path: Path) -> None:
+    from report_synth import census, holder, write_json
+
+    from flight_profiler.render.svg_charts import hbars
+    from flight_profiler.report import analyze
+
+    # GIVEN a CPU-only census pair with a leaking holder (its fix text carries `code`)
+    paths = [str(write_json(tmp_path / f"c{n}.json",
+                            census(3, 1.0 + n, [holder("main() local trainer.history[*]", k, 4 * k,
+                                                       grad=k, graph=k * (2 << 20))])))
+             for n, k in enumerate((10, 40, 80))]
+    page = analyze(paths).to_html()
+    # THEN recommendations render code, not literal backticks
+    assert "<code>loss.item()</code>" in page and "`" not in page
+    # AND a CPU-only run has no "GPU memory" heading and no column of "?" totals
+    assert "GPU Memory State" not in page and "Memory State (CPU)" in page
+    assert "<th>total</th>" not in page and "<td>?</td>" not in page
+    # AND a long operator name is drawn whole (wrapped), not cut with an ellipsis
+    name = "aten::_scaled_dot_product_flash_attention_for_cpu_backward_" + "x" * 60
+    svg = hbars([(name, 10.0, "10 ms")], "ops")
+    text = "".join(re.findall(r'class="lb">([^<]*)</text>', svg))
+    assert name in text and "…" not in svg

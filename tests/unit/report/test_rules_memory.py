@@ -170,3 +170,69 @@ def test_a_loss_in_flight_is_not_graph_retention(tmp_path: Path) -> None:
                                                         kind="unknown")])))
              for k in range(2)]
     assert _rules(analyze(paths), "graph-retention") == []
+
+
+def _inference_cache_censuses(tmp_path: Path, folded: bool) -> list[str]:
+    """An inference server caching model outputs WITH grad under one key per request."""
+    paths = []
+    for n, requests in enumerate((20, 60, 110)):
+        if folded:
+            rows = [holder("__main__._RESULT_CACHE[*]", requests, requests * 32 * 1024,
+                           grad=requests, graph=requests * 800 * 1024, kind="dict")]
+        else:
+            rows = [holder(f"__main__._RESULT_CACHE['req-{880 + i}']", 1, 32 * 1024, grad=1,
+                           graph=800 * 1024, kind="dict") for i in range(requests)]
+        paths.append(str(write_json(tmp_path / f"c{folded}{n}.json", census(7, 10.0 + n, rows))))
+    return paths
+
+
+def test_inference_outputs_kept_with_graphs_are_graph_retention_fixed_with_no_grad(
+        tmp_path: Path) -> None:
+    for folded in (True, False):
+        report = analyze(_inference_cache_censuses(tmp_path, folded))
+        (g,) = _rules(report, "graph-retention")
+        # One finding for the container (per-key censuses are folded), not one per request
+        assert g.metrics["holder"] == "__main__._RESULT_CACHE[*]"
+        assert "torch.inference_mode()" in g.fix[0] and "torch.no_grad()" in g.fix[0]
+        (leak,) = _rules(report, "memory-leak")
+        assert len(leak.where) == 1 and "20 -> 110 tensors" in leak.where[0]
+        assert "autograd graph" in leak.fix[0]
+
+
+def test_a_loss_history_keeps_the_item_fix_first(tmp_path: Path) -> None:
+    rows = [census(3, 1.0 + n, [holder("main() local trainer.history[*]", k, 4 * k, grad=k,
+                                       graph=k * 2 * MiB)])
+            for n, k in enumerate((10, 40, 80))]
+    report = analyze([str(write_json(tmp_path / f"l{n}.json", c)) for n, c in enumerate(rows)])
+    (g,) = _rules(report, "graph-retention")
+    assert "`main() local trainer.history[*]`" in g.fix[0] and "loss.item()" in g.fix[0]
+
+
+def test_recordings_stay_out_of_memory_over_time_and_gaps_are_said(tmp_path: Path) -> None:
+    # GIVEN what the seed's phases produce by hand: two snapshots of a flat process and a `-r`
+    # recording in between whose "allocated" is only what a few calls allocated
+    def snap(name: str, t: float, mib: int, calls: int | None = None) -> str:
+        fp = {"device_type": "cpu", "pid": 77, "time": t, "label": name}
+        if calls is not None:
+            fp["calls"] = calls
+        return str(write_pickle(tmp_path / f"{name}.pickle",
+                                snapshot(allocated=[(mib * MiB, "train.py", 5)], fp=fp)))
+
+    paths = [snap("before", 1.0, 100), snap("record", 2.0, 3, calls=10), snap("after", 3.0, 100)]
+    report = analyze(paths)
+    # THEN the series is the two snapshots only (no fake drop to 3 MiB and back), no leak is
+    # claimed, and the report says what snapshots alone cannot show
+    [series] = [s for s in report.series if s["kind"] == "snapshot"]
+    assert [p["allocated"] for p in series["points"]] == [100 * MiB, 100 * MiB]
+    assert _rules(report, "memory-leak") == []
+    (gap,) = _rules(report, "coverage")
+    assert gap.severity == "info" and "small-tensor leaks" in gap.summary
+    assert any("torch tensors" in f for f in gap.fix)
+
+
+def test_census_pairs_leave_no_coverage_note(tmp_path: Path) -> None:
+    paths = [str(write_json(tmp_path / f"c{n}.json", census(5, 1.0 + n, [holder("m.x[*]", 3, 12)])))
+             for n in range(2)]
+    assert _rules(analyze(paths), "coverage") == []
+    (one,) = _rules(analyze(paths[:1]), "coverage")
+    assert "one census cannot show growth" in one.summary.lower()

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "torch tensors": "torch:tensors",
     "torch profile": "torch:profile",
     "torch fr": "distributed:fr",
+    "torch dataloader": "torch:dataloader",
 }
 
 SUMMARIES: dict[str, str] = {
@@ -38,6 +39,7 @@ SUMMARIES: dict[str, str] = {
     "torch tensors": "census of live tensors and who holds them; --diff for growth",
     "torch profile": "profile a method's next calls, or a time window, to a Chrome trace",
     "torch fr": "Flight Recorder: last collectives per process group (distributed jobs)",
+    "torch dataloader": "live DataLoaders: settings, workers, batches in flight, what the loop waits on",
 }
 
 

@@ -1,4 +1,5 @@
-"""`torch memory`, `torch tensors`, `torch profile`: parse, resolve paths here, render answers.
+"""`torch memory`, `torch tensors`, `torch profile`, `torch dataloader`: parse, resolve paths here,
+render answers.
 
 Output paths are resolved on this side (relative to the user's cwd) and sent absolute; without
 -f the agent names the file fp-<pid>-<kind>-<timestamp>.<ext> in this cwd (docs/commands-torch.md).
@@ -320,3 +321,58 @@ def profile(target: tuple[str, ...], duration: float | None, calls: int, file: s
     else:
         args.update(target=target_args(target), calls=calls, timeout=timeout, schedule=_schedule(schedule))
     return AgentRequest("torch profile", args, render_profile, render_progress)
+
+
+# -- torch dataloader ----------------------------------------------------------------------
+
+_CATEGORY = {"dataloader_wait": "waiting for DataLoader workers", "dataloader_load": "loading batches itself",
+             "sleep": "sleeping", "io": "in I/O", "wait": "waiting", "running": "running Python/ops"}
+
+
+def render_dataloader(data: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
+    if data.get("note"):
+        console.print(data["note"])
+    for n, dl in enumerate(data.get("loaders") or [], 1):
+        ds = dl.get("dataset") or {}
+        length = "?" if ds.get("length") is None else ds["length"]
+        console.print(f"[bold]DataLoader {n}[/bold] ({dl.get('type')}): dataset {ds.get('type')} "
+                      f"(len {length}), batch_size={dl.get('batch_size')}, num_workers={dl.get('num_workers')}, "
+                      f"pin_memory={dl.get('pin_memory')}, prefetch_factor={dl.get('prefetch_factor')}, "
+                      f"persistent_workers={dl.get('persistent_workers')}")
+        for it in dl.get("iterators") or []:
+            console.print(f"  iterator {it.get('type')}: {it.get('batches_yielded')} batches yielded, "
+                          f"{it.get('batches_in_flight')} in flight, {it.get('batches_ready')} ready")
+            if it.get("workers"):
+                t = Table("worker", "pid", "state", "CPU %", "RSS")
+                for w in it["workers"]:
+                    t.add_row(str(w.get("worker_id")), str(w.get("pid")), str(w.get("state")),
+                              "?" if w.get("cpu_percent") is None else f"{w['cpu_percent']:.0f}",
+                              _size(w.get("rss_bytes")))
+                console.print(t)
+        if not dl.get("iterators"):
+            console.print("  no live iterator (not being iterated right now)")
+    threads = data.get("threads") or []
+    if threads:
+        console.print(f"where the threads spent the last {data.get('sampled_s')} s:")
+        for th in threads:
+            shares = ", ".join(f"{_CATEGORY.get(k, k)} {v:.0%}" for k, v in (th.get("shares") or {}).items())
+            console.print(f"  [bold]{th.get('thread')}[/bold]: {shares}")
+            for top in (th.get("top") or [])[:2]:
+                console.print(f"    {top['share']:.0%} {top['where']}")
+
+
+@click.command("torch dataloader", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--sample", type=click.FloatRange(0, 60), default=1.0, show_default=True,
+              help="Seconds of stack sampling to see what each thread waits on (0: none).")
+def dataloader(sample: float) -> AgentRequest:
+    """DataLoaders alive in the target: dataset and length, batch_size, num_workers, pin_memory,
+    prefetch_factor, persistent_workers; each worker's pid, state, CPU and RSS; batches in
+    flight; and what the training loop is waiting on (sampled stacks).
+
+    \b
+    torch dataloader
+    torch dataloader --sample 3       a longer look at what the loop waits on
+    """
+    return AgentRequest("torch dataloader", {"sample": sample}, render_dataloader)

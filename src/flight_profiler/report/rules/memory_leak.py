@@ -100,12 +100,17 @@ def _from_snapshots(ctx: Context) -> list[Finding]:
 def _from_censuses(ctx: Context) -> list[Finding]:
     out = []
     for series in ctx.census_series:
-        vals, mono = _growth(series, lambda s: s.data["totals"]["bytes"])
+        # What the live tensors keep alive: their data plus the autograd graphs hanging off them.
+        vals, mono = _growth(series, lambda s: s.data["totals"]["bytes"]
+                             + (s.data["totals"].get("graph_bytes") or 0))
         if not _significant(vals):
             continue
-        first = {h["path"]: h for h in series[0].data["holders"]}
+        from flight_profiler.report.rules.graph_retention import fold_holders
+
+        # Judged per container: one row for cache[*], not one per request key.
+        first = {h["path"]: h for h in fold_holders(series[0].data["holders"])}
         rows = []
-        for h in series[-1].data["holders"]:
+        for h in fold_holders(series[-1].data["holders"]):
             before = first.get(h["path"], {"bytes": 0, "count": 0, "graph_bytes": 0})
             # What a holder keeps alive: its tensors plus the graphs hanging off them.
             grew = (h["bytes"] + h["graph_bytes"]) - (before["bytes"] + before["graph_bytes"])
@@ -115,15 +120,24 @@ def _from_censuses(ctx: Context) -> list[Finding]:
         where = [f"{h['path']} ({h['kind']}, e.g. {h['example']}): {before['count']} -> {h['count']} "
                  f"tensors, +{fmt_bytes(d)} kept alive" for d, h, before in rows[:5]]
         sev = "critical" if mono and len(series) >= 3 else "warning"
+        graph_grew = sum(h["graph_bytes"] - before["graph_bytes"] for _, h, before in rows)
+        all_grew = sum(d for d, _, _ in rows)
+        fix = FIX
+        if all_grew > 0 and graph_grew >= all_grew / 2:
+            fix = [f"{fmt_bytes(graph_grew)} of the {fmt_bytes(all_grew)} growth is autograd graph "
+                   "kept alive by the held tensors: produce them under `torch.inference_mode()` / "
+                   "`torch.no_grad()`, or store `t.detach()` (see graph-retention).", *FIX]
         out.append(Finding(
             rule="memory-leak", severity=sev,
             title=f"Live tensor memory grew {fmt_bytes(vals[-1] - vals[0])} across {len(series)} censuses",
-            summary=("Live tensors: " + " -> ".join(fmt_bytes(v) for v in vals)
+            summary=("Live tensors (with the graphs they keep): " + " -> ".join(fmt_bytes(v) for v in vals)
                      + (" (never going down)" if mono else "") + "."),
             evidence=[f"{s.name}: {s.data['totals']['count']} tensors, "
-                      f"{fmt_bytes(s.data['totals']['bytes'])}" for s in series],
+                      f"{fmt_bytes(s.data['totals']['bytes'])}"
+                      + (f" + {fmt_bytes(s.data['totals']['graph_bytes'])} of autograd graph"
+                         if s.data["totals"].get("graph_bytes") else "") for s in series],
             where=where or ["(no holder grew: the growth is in tensors no census path reached)"],
-            fix=FIX, inputs=[s.path for s in series],
+            fix=fix, inputs=[s.path for s in series],
             root_cause="The holders above keep more tensors at every census.",
             metrics={"bytes": vals, "monotonic": mono,
                      "growing_holders": [h["path"] for _, h, _ in rows[:10]]},
@@ -132,7 +146,51 @@ def _from_censuses(ctx: Context) -> list[Finding]:
 
 
 def check(ctx: Context) -> list[Finding]:
-    return _from_traces(ctx) + _from_snapshots(ctx) + _from_censuses(ctx)
+    found = _from_traces(ctx) + _from_snapshots(ctx) + _from_censuses(ctx)
+    return found + coverage(ctx)
 
 
 RULE = Rule("memory-leak", "Memory that grows and is never released", check)
+
+
+def coverage(ctx: Context) -> list[Finding]:
+    """What these inputs cannot show about memory, and the command that would show it.
+
+    Info findings, so that a quiet report over partial evidence does not read as an all-clear.
+    """
+    out: list[Finding] = []
+    recordings = [s for s in ctx.snapshots if s.data.get("recorded_calls")]
+    moments = [s for s in ctx.snapshots if not s.data.get("recorded_calls")]
+    have_census_series = bool(ctx.census_series)
+    inputs = [s.path for s in ctx.snapshots] + [c.path for c in ctx.censuses]
+    gaps: list[str] = []
+    fixes: list[str] = []
+    if moments and not have_census_series:
+        gaps.append("snapshots alone cannot show small-tensor leaks or who holds the memory "
+                    "(many small tensors hide in the allocator's blocks)")
+        fixes.append("Run `torch tensors -f census1.json`, let the job run, then "
+                     "`torch tensors -f census2.json`, and report both.")
+    if len(moments) == 1 and not ctx.snapshot_series:
+        gaps.append("one snapshot cannot show growth")
+        fixes.append("Take a second snapshot some seconds later (`torch memory -s`) and report both.")
+    if recordings and not moments and not ctx.censuses:
+        gaps.append(f"{len(recordings)} `-r` recording(s) show the allocations made during a few "
+                    "calls, not the process's memory over time")
+        fixes.append("For growth over time: `torch memory -s` twice, or `torch tensors` twice.")
+    if len(ctx.censuses) == 1 and not have_census_series:
+        gaps.append("one census cannot show growth")
+        fixes.append("Take a second census later (`torch tensors -f b.json --diff a.json`).")
+    if not gaps or not inputs:
+        return out
+    out.append(Finding(
+        rule="coverage", severity="info",
+        title="What these inputs cannot show about memory",
+        summary="; ".join(gaps).capitalize() + ".",
+        evidence=[f"{len(moments)} snapshot(s), {len(recordings)} recording(s), "
+                  f"{len(ctx.censuses)} census(es)"],
+        fix=fixes, inputs=inputs,
+        root_cause="Missing evidence, not a problem found.",
+        metrics={"snapshots": len(moments), "recordings": len(recordings),
+                 "censuses": len(ctx.censuses)},
+    ))
+    return out

@@ -1,0 +1,250 @@
+"""The DataLoaders alive in the target, their real settings and workers, and where the threads
+that iterate them spend their time.
+
+Used by ``torch dataloader`` and by diagnose (its input-bound fix quotes these settings). Reads
+only plain Python attributes of torch.utils.data objects (never a tensor), so it needs no safe
+point; each worker is read from /proc (state, RSS, CPU time), never through
+``multiprocessing`` (``Process.is_alive`` would reap a dead worker behind the loader's back).
+Nothing is kept: the result is plain data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from .thread_gate import AGENT_THREAD_PREFIX, blocked_in
+
+_LOADER_FILE = os.sep + os.path.join("torch", "utils", "data", "dataloader.py")
+_LOADER_WAITS = frozenset({"_get_data", "_try_get_data"})
+_LOADER_CALLS = frozenset({"__next__", "_next_data"})
+_CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _attr(obj: Any, name: str, default: Any = None) -> Any:
+    try:
+        return object.__getattribute__(obj, name)
+    except Exception:
+        return default
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)[:80]
+
+
+def _dataset(ds: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": f"{type(ds).__module__}.{type(ds).__qualname__}", "length": None}
+    with contextlib.suppress(Exception):  # an IterableDataset, or a __len__ that fails
+        out["length"] = len(ds)
+    return out
+
+
+def _proc(pid: int) -> dict[str, Any]:
+    """State, RSS and CPU seconds of a worker process, from /proc."""
+    info: dict[str, Any] = {"pid": pid, "state": "gone", "rss_bytes": None, "cpu_s": None}
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        info["state"] = {"R": "running", "S": "sleeping", "D": "disk wait", "Z": "zombie",
+                         "T": "stopped"}.get(fields[0], fields[0])
+        info["cpu_s"] = (int(fields[11]) + int(fields[12])) / _CLK
+        with open(f"/proc/{pid}/statm") as f:
+            info["rss_bytes"] = int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        pass
+    return info
+
+
+def _iterator(it: Any) -> dict[str, Any]:
+    sampler = _attr(it, "_index_sampler")
+    task_info = _attr(it, "_task_info") or {}
+    workers = _attr(it, "_workers") or []
+    status = _attr(it, "_workers_status") or []
+    rows = []
+    for i, w in enumerate(list(workers)):
+        pid = _attr(w, "_popen")
+        pid = _attr(pid, "pid") if pid is not None else None
+        row: dict[str, Any] = _proc(int(pid)) if isinstance(pid, int) else {"pid": None, "state": "not started"}
+        row["worker_id"] = i
+        row["active"] = bool(status[i]) if i < len(status) else None
+        rows.append(row)
+    try:
+        ready = sum(1 for v in list(task_info.values()) if isinstance(v, tuple) and len(v) == 2)
+    except Exception:
+        ready = None
+    pin = _attr(it, "_pin_memory_thread")
+    return {
+        "type": type(it).__name__,
+        "dataset": _dataset(_attr(it, "_dataset")),
+        "batch_size": _plain(_attr(sampler, "batch_size")),
+        "drop_last": _plain(_attr(it, "_drop_last")),
+        "num_workers": _plain(_attr(it, "_num_workers", 0)),
+        "pin_memory": _plain(_attr(it, "_pin_memory", False)),
+        "prefetch_factor": _plain(_attr(it, "_prefetch_factor")),
+        "persistent_workers": _plain(_attr(it, "_persistent_workers", False)),
+        "timeout": _plain(_attr(it, "_timeout", 0)),
+        "batches_yielded": _plain(_attr(it, "_num_yielded")),
+        "batches_in_flight": _plain(_attr(it, "_tasks_outstanding")),
+        "batches_ready": ready,
+        "pin_memory_thread": None if pin is None else bool(pin.is_alive()),
+        "workers": rows,
+    }
+
+
+def _loader(dl: Any) -> dict[str, Any]:
+    return {
+        "type": type(dl).__name__,
+        "dataset": _dataset(_attr(dl, "dataset")),
+        "batch_size": _plain(_attr(dl, "batch_size")),
+        "drop_last": _plain(_attr(dl, "drop_last")),
+        "num_workers": _plain(_attr(dl, "num_workers", 0)),
+        "pin_memory": _plain(_attr(dl, "pin_memory", False)),
+        "prefetch_factor": _plain(_attr(dl, "prefetch_factor")),
+        "persistent_workers": _plain(_attr(dl, "persistent_workers", False)),
+        "iterators": [],
+    }
+
+
+def find_loaders() -> list[dict[str, Any]]:
+    """Each live DataLoader with its live iterators (matched by dataset); orphan iterators too."""
+    module = sys.modules.get("torch.utils.data.dataloader")
+    if module is None:
+        return []
+    loader_type = getattr(module, "DataLoader", None)
+    iter_type = getattr(module, "_BaseDataLoaderIter", None)
+    loaders: list[Any] = []
+    iterators: list[Any] = []
+    for o in gc.get_objects():
+        t = type(o)
+        if loader_type is not None and issubclass(t, loader_type):
+            loaders.append(o)
+        elif iter_type is not None and issubclass(t, iter_type):
+            iterators.append(o)
+    try:
+        out = []
+        by_dataset: dict[int, dict[str, Any]] = {}
+        for dl in loaders:
+            row = _loader(dl)
+            by_dataset.setdefault(id(_attr(dl, "dataset")), row)
+            out.append(row)
+        for it in iterators:
+            doc = _iterator(it)
+            owner = by_dataset.get(id(_attr(it, "_dataset")))
+            if owner is None:
+                owner = {**{k: doc[k] for k in ("dataset", "batch_size", "drop_last", "num_workers",
+                                                "pin_memory", "prefetch_factor",
+                                                "persistent_workers")},
+                         "type": "(loader not found)", "iterators": []}
+                out.append(owner)
+            owner["iterators"].append(doc)
+        return out
+    finally:
+        loaders.clear()
+        iterators.clear()
+
+
+def classify(frame: Any) -> tuple[str, str]:
+    """(category, where) of one thread's stack: dataloader wait, sleep, I/O wait, or running."""
+    top = frame
+    f = frame
+    user = None
+    in_loader = waiting = False
+    while f is not None:
+        code = f.f_code
+        if code.co_filename.endswith(_LOADER_FILE):
+            if code.co_name in _LOADER_WAITS:
+                waiting = True
+            if code.co_name in _LOADER_CALLS:
+                in_loader = True
+                user = f.f_back
+        f = f.f_back
+    if in_loader:
+        at = _where(user) if user is not None else "?"
+        if waiting:
+            return "dataloader_wait", f"DataLoader __next__ waiting for worker batches (called at {at})"
+        return "dataloader_load", f"DataLoader __next__ loading in this thread (called at {at})"
+    name = blocked_in(top)
+    if name == "sleep":
+        return "sleep", f"sleep at {_where(top)}"
+    if name in ("recv", "recv_into", "recvfrom", "read", "readinto", "readline", "accept",
+                "select", "poll", "connect", "send", "sendall"):
+        return "io", f"I/O ({name}) at {_where(top)}"
+    if name is not None:
+        return "wait", f"waiting ({name}) at {_where(top)}"
+    return "running", f"running {_where(top)}"
+
+
+def _where(frame: Any) -> str:
+    code = frame.f_code
+    return f"{code.co_name}() {os.path.basename(code.co_filename)}:{frame.f_lineno}"
+
+
+def sample_threads(seconds: float, interval: float = 0.01,
+                   cancelled: Any = None) -> list[dict[str, Any]]:
+    """Where each non-agent thread spends its time: shares of samples per category and place."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    counts: dict[int, dict[tuple[str, str], int]] = {}
+    totals: dict[int, int] = {}
+    deadline = time.monotonic() + max(seconds, interval)
+    while time.monotonic() < deadline:
+        frames: dict[int, Any] = sys._current_frames()
+        frame: Any = None
+        try:
+            for ident, frame in frames.items():
+                name = names.get(ident) or next((t.name for t in threading.enumerate()
+                                                 if t.ident == ident), str(ident))
+                names[ident] = name
+                if ident == me or name.startswith(AGENT_THREAD_PREFIX):
+                    continue
+                key = classify(frame)
+                per = counts.setdefault(ident, {})
+                per[key] = per.get(key, 0) + 1
+                totals[ident] = totals.get(ident, 0) + 1
+        finally:
+            frames.clear()
+            frame = None
+        if cancelled is not None and cancelled():
+            break
+        time.sleep(interval)
+    out: list[dict[str, Any]] = []
+    for ident, per in counts.items():
+        n = totals[ident]
+        places = sorted(per.items(), key=lambda kv: -kv[1])
+        shares: dict[str, float] = {}
+        for (category, _), c in per.items():
+            shares[category] = shares.get(category, 0.0) + c / n
+        out.append({"thread": names.get(ident, str(ident)), "samples": n,
+                    "shares": {k: round(v, 3) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])},
+                    "top": [{"category": c, "where": w, "share": round(k / n, 3)}
+                            for (c, w), k in places[:5]]})
+    out.sort(key=lambda r: (r["thread"] != "MainThread", -r["shares"].get("dataloader_wait", 0.0)))
+    return out
+
+
+def state(sample_seconds: float = 1.0, cancelled: Any = None) -> dict[str, Any]:
+    """Loaders, their workers (with CPU use over the sampling window) and the threads' waits."""
+    loaders = find_loaders()
+    t0 = time.monotonic()
+    threads = sample_threads(sample_seconds, cancelled=cancelled) if sample_seconds > 0 else []
+    elapsed = time.monotonic() - t0
+    for loader in loaders:
+        for it in loader["iterators"]:
+            for w in it["workers"]:
+                if w.get("pid") and w.get("cpu_s") is not None and elapsed > 0.05:
+                    later = _proc(int(w["pid"]))
+                    if later.get("cpu_s") is not None:
+                        w["cpu_percent"] = round(100.0 * (later["cpu_s"] - w["cpu_s"]) / elapsed, 1)
+                        w["state"] = later["state"]
+                        w["rss_bytes"] = later["rss_bytes"]
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return {"loaders": loaders, "threads": threads, "sampled_s": round(elapsed, 3), "cpus": cpus}

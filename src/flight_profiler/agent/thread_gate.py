@@ -1,0 +1,213 @@
+"""Hold every other Python thread at a safe point while a function runs in the calling thread.
+
+Why: reading tensors' metadata (``grad_fn``, storage) while another thread is inside a torch op
+with the GIL released is a data race in PyTorch's C++ (a census taken that way crashed a CPU
+training loop one run in six). Running the walk in the main thread (a pending call) avoided
+it only when the main thread itself does the torch work and keeps executing Python: a main
+thread parked in ``join()`` while a worker serves requests never got there.
+
+How: a C-level profile function is set on every other thread's state (``_PyEval_SetProfile``,
+exported by CPython 3.9-3.13 and meant to be called for another thread). A thread's next profile
+event (a Python or C function call or return) happens between two operations, never inside
+one: there the thread waits until the walk is done. A thread that reaches no event is accepted
+only when its top Python frame is blocked in a known waiting call (``join``, ``acquire``,
+``sleep``, ``get``, ``select``...): if it wakes, its first event is the return from that call,
+so it is held before it can start an op. Anything else (a long native op) makes the gate give
+up after its budget, naming the thread and where it is, and nothing is run.
+
+Limits: the profile functions are reset to none afterwards, so a profiler the target had set
+itself (cProfile, torch's Python tracer) is turned off; threads that run torch ops without any
+Python frame (C++-only threads) cannot be held.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dis
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+AGENT_THREAD_PREFIX = "flight_profiler-"
+# Names of calls that wait without touching tensors (threading, queue, time, select, socket...).
+_BLOCKING = frozenset({
+    "acquire", "wait", "wait_for", "join", "sleep", "get", "select", "poll", "recv", "recv_into",
+    "recvfrom", "accept", "read", "readinto", "readline", "input", "waitpid", "wait_for_tstate_lock",
+    "_wait_for_tstate_lock", "serve_forever", "getch", "connect", "send", "sendall", "communicate",
+})
+_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST",
+                    "LOAD_DEREF", "LOAD_FAST_LOAD_FAST", "LOAD_SUPER_ATTR"})
+_PROFILE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                            ctypes.c_void_p)
+
+
+class GateTimeout(Exception):
+    """Some thread could not be held at a safe point in time; nothing was run."""
+
+
+class _State:
+    def __init__(self) -> None:
+        self.active = False
+        self.release = threading.Event()
+        self.held: set[int] = set()
+        self.exempt: set[int] = set()
+        self.lock = threading.Lock()
+        self.owner: threading.Thread | None = None
+
+
+_STATE = _State()
+_RUN_LOCK = threading.Lock()  # one gate at a time
+
+
+def _on_event(_obj: Any, _frame: Any, _what: int, _arg: Any) -> int:
+    """The profile function: runs in the target thread, between two operations."""
+    st = _STATE
+    try:
+        if not st.active:
+            return 0
+        me = threading.get_ident()
+        if me in st.exempt:
+            return 0
+        with st.lock:
+            st.held.add(me)
+        # Held for as long as the walk runs (a time limit here would let the thread run an op
+        # during a long walk), but never past the death of the thread that holds the gate.
+        owner = st.owner
+        while not st.release.wait(1.0):
+            if owner is None or not owner.is_alive():
+                break
+        with st.lock:
+            st.held.discard(me)
+    except KeyboardInterrupt:
+        # A signal raised while held cannot cross this C callback: deliver it again.
+        if threading.current_thread() is threading.main_thread():
+            import _thread
+            _thread.interrupt_main()
+    except BaseException:  # never into the target's code
+        pass
+    return 0
+
+
+_CALLBACK = _PROFILE(_on_event)
+
+
+def supported() -> bool:
+    api = ctypes.pythonapi
+    return (3, 9) <= sys.version_info[:2] < (3, 14) and hasattr(api, "_PyEval_SetProfile") \
+        and getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+def _api() -> Any:
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Get.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+    api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+    api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    api.PyThreadState_Next.restype = ctypes.c_void_p
+    api.PyThreadState_Get.restype = ctypes.c_void_p
+    api._PyEval_SetProfile.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    api._PyEval_SetProfile.restype = ctypes.c_int
+    return api
+
+
+def _set_profile_on_others(install: bool) -> None:
+    """Set (or clear) the profile function of every thread state but the caller's.
+
+    A thread state is freed when its thread exits, which needs the GIL: with the switch
+    interval raised, no other thread gets the GIL between our calls, so no state we hold a
+    pointer to can go away meanwhile.
+    """
+    api = _api()
+    func = ctypes.cast(_CALLBACK, ctypes.c_void_p).value if install else None
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        me = api.PyThreadState_Get()
+        ts = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+        while ts:
+            if ts != me:
+                api._PyEval_SetProfile(ts, func, None)
+            ts = api.PyThreadState_Next(ts)
+    finally:
+        sys.setswitchinterval(old)
+
+
+def blocked_in(frame: Any) -> str | None:
+    """The name of the waiting call a frame is inside, if its current call is a known one."""
+    try:
+        code = frame.f_code
+        lasti = frame.f_lasti
+        names: list[str] = []
+        for ins in dis.get_instructions(code):
+            if ins.offset >= lasti:
+                break
+            if ins.opname.startswith("CALL") or ins.opname.startswith("PRECALL"):
+                if not ins.opname.startswith("PRECALL"):
+                    names = []
+            elif ins.opname in _LOADS and isinstance(ins.argval, str):
+                names.append(ins.argval)
+            elif ins.starts_line:
+                names = []
+        for name in reversed(names):
+            if name in _BLOCKING:
+                return name
+    except Exception:
+        return None
+    return None
+
+
+def _where(frame: Any) -> str:
+    code = frame.f_code
+    return f"{code.co_name}() at {code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+
+
+def run_with_threads_held(fn: Callable[[], Any], timeout: float,
+                          cancelled: Callable[[], bool] | None = None) -> Any:
+    """Hold every other Python thread at a safe point, run ``fn()`` here, release them."""
+    with _RUN_LOCK:
+        st = _STATE
+        me = threading.get_ident()
+        st.exempt = {t.ident for t in threading.enumerate()
+                     if t.ident is not None and t.name.startswith(AGENT_THREAD_PREFIX)} | {me}
+        st.release.clear()
+        st.held = set()
+        st.owner = threading.current_thread()
+        st.active = True
+        try:
+            _wait_until_held(st, timeout, cancelled)
+            return fn()
+        finally:
+            st.active = False
+            st.release.set()
+            _set_profile_on_others(False)
+
+
+def _wait_until_held(st: _State, timeout: float, cancelled: Callable[[], bool] | None) -> None:
+    deadline = time.monotonic() + timeout
+    known: set[int] = set()
+    while True:
+        frames = sys._current_frames()
+        try:
+            threads = set(frames) - st.exempt
+            if not threads <= known:
+                # New threads (or the first pass): give them the profile function too.
+                _set_profile_on_others(True)
+                known |= threads
+            with st.lock:
+                held = set(st.held)
+            pending = {}
+            for ident in threads - held:
+                if blocked_in(frames[ident]) is None:
+                    pending[ident] = _where(frames[ident])
+        finally:
+            frames.clear()
+        if not pending:
+            return
+        if time.monotonic() >= deadline or (cancelled is not None and cancelled()):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            ident, where = next(iter(pending.items()))
+            raise GateTimeout(
+                f"thread {names.get(ident, ident)!r} stayed inside one native call in {where} "
+                f"for over {timeout:g}s (a long torch op, or a C extension)")
+        time.sleep(0.002)

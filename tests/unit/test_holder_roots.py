@@ -1,0 +1,175 @@
+"""Holders are named wherever users keep their data: a function's locals (main() or a server
+thread's frame), closures, caches keyed per request; and tensor walks work while the torch work
+runs in a worker thread and the main thread is parked."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_agent_helpers import run_handler  # noqa: E402
+
+from flight_profiler.agent.registry import CommandError  # noqa: E402
+
+
+def census(tmp_path: Path) -> dict[str, Any]:
+    path = tmp_path / "c.json"
+    run_handler("torch tensors", {"path": str(path), "top": 50})
+    return json.loads(path.read_text())
+
+
+def paths(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {h["path"]: h for h in doc["holders"]}
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(4, 1)
+        self.history: list[Any] = []
+
+    def step(self) -> None:
+        loss = self.model(torch.randn(8, 4)).pow(2).mean()
+        self.history.append(loss)  # the user's leak: the loss keeps its graph
+
+
+def main(tmp_path: Path) -> dict[str, Any]:
+    # A Trainer created inside the function the main thread runs (not a global). No assert
+    # here: pytest rewrites asserts into locals() calls, and the walk (rightly) leaves the
+    # locals of a function that calls locals() alone before Python 3.13.
+    trainer = Trainer()
+    for _ in range(6):
+        trainer.step()
+    doc = census(tmp_path)  # while this (main) thread waits for it
+    del trainer
+    return doc
+
+
+def test_holder_in_a_functions_locals_in_the_main_thread(tmp_path):
+    doc = main(tmp_path)
+    # THEN the holder is named from main()'s local, folded over the list's indices
+    h = paths(doc)[f"{__name__}.main() local trainer.history[*]"]
+    assert h["count"] == 6 and h["with_grad_fn"] == 6
+    assert paths(doc)[f"{__name__}.main() local trainer.model.weight"]["count"] == 1
+    assert "<unreached>" not in paths(doc)
+
+
+def test_closures_and_per_request_caches_fold_into_one_holder(tmp_path):
+    module = types.ModuleType("fp_roots_mod")
+    module.__file__ = "/nonexistent/fp_roots_mod.py"
+
+    def make_hook() -> Any:
+        seen: list[Any] = []
+
+        def hook(x: Any) -> None:
+            seen.append(x)
+        return hook
+
+    module.hook = make_hook()
+    module._RESULT_CACHE = {}
+    for i in range(20):
+        module.hook(torch.ones(2, requires_grad=True) * 2)
+        module._RESULT_CACHE[f"req-{880 + i}"] = torch.ones(3, requires_grad=True) * 3
+    import sys
+    sys.modules[module.__name__] = module
+    try:
+        doc = census(tmp_path)
+    finally:
+        sys.modules.pop(module.__name__, None)
+        module.__dict__.clear()
+        gc.collect()
+    found = paths(doc)
+    assert found["fp_roots_mod.hook.<closure seen>[*]"]["count"] == 20
+    # One holder for the cache, not one per request key
+    assert found["fp_roots_mod._RESULT_CACHE[*]"]["count"] == 20
+    assert not [p for p in found if "req-" in p]
+
+
+def test_census_while_the_main_thread_is_parked_and_a_worker_does_torch_work(tmp_path):
+    # GIVEN an inference server: a worker thread runs the model and caches outputs WITH grad in
+    # its own locals; the main thread (this one) only waits
+    stop = threading.Event()
+    model = torch.nn.Linear(64, 64)
+
+    def serve_forever() -> None:
+        cache: dict[str, Any] = {}
+        n = 0
+        while not stop.is_set():
+            x = torch.randn(32, 64)
+            cache[f"req-{n % 40}"] = model(x).relu()
+            n += 1
+
+    server = threading.Thread(target=serve_forever, name="server")
+    server.start()
+    try:
+        time.sleep(0.2)
+        # WHEN a census runs (the main thread waits in run_handler's loop meanwhile)
+        started = time.monotonic()
+        doc = census(tmp_path)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        server.join(10)
+    # THEN it worked (no "retry while training"), quickly, and names the worker's local
+    h = paths(doc)[f"thread 'server' {__name__}.serve_forever() local cache[*]"]
+    assert 1 <= h["count"] <= 40 and h["with_grad_fn"] == h["count"]
+    assert took < 30
+
+
+def test_a_thread_stuck_in_one_native_call_fails_fast_and_says_why(tmp_path):
+    # GIVEN a thread inside one long native call that is not a known wait (3 s in usleep)
+    libc = ctypes.CDLL(None)
+    entered = threading.Event()
+
+    def long_native_op() -> None:
+        entered.set()
+        libc.usleep(3_000_000)
+
+    t = threading.Thread(target=long_native_op, name="busy-op")
+    t.start()
+    entered.wait(5)
+    time.sleep(0.05)
+    try:
+        started = time.monotonic()
+        with pytest.raises(CommandError) as err:
+            run_handler("torch tensors", {"path": str(tmp_path / "c.json")})
+        took = time.monotonic() - started
+    finally:
+        t.join()
+    # THEN it gave up within the 2 s budget (generous bound for a loaded machine), named the
+    # thread and where it is, and wrote nothing
+    assert took < 2.9
+    assert "busy-op" in err.value.message and "long_native_op()" in err.value.message
+    assert not (tmp_path / "c.json").exists()
+
+
+def loop_with_censuses(tmp_path: Path) -> list[set[str]]:
+    # The main thread keeps training while each census is taken: it is held wherever it is
+    # (often inside Trainer.step, where `self` is the trainer too). No assert here (see main()).
+    trainer = Trainer()
+    for _ in range(3):
+        trainer.step()
+    seen = []
+    for n in range(3):
+        path = tmp_path / f"c{n}.json"
+        run_handler("torch tensors", {"path": str(path), "top": 50}, drive=trainer.step)
+        seen.append({h["path"] for h in json.loads(path.read_text())["holders"]})
+    del trainer
+    return seen
+
+
+def test_the_holder_path_is_the_same_wherever_the_thread_was_held(tmp_path):
+    seen = loop_with_censuses(tmp_path)
+    # THEN every census names the outermost user frame's local, never `step() local self`
+    want = f"{__name__}.loop_with_censuses() local trainer.history[*]"
+    assert all(want in paths for paths in seen), seen
+    assert not [p for paths in seen for p in paths if "step() local self" in p]
