@@ -59,7 +59,7 @@ def test_huge_and_deep_expressions_are_refused_quickly(command, why, capsys, mon
     monkeypatch.setattr("flight_profiler.api.connect", _no_attach)
     start = time.monotonic()
     code, _out, err = run([PID, "--cmd", command], capsys)
-    assert time.monotonic() - start < 5.0  # was: MemoryError / quadratic quoting, minutes
+    assert time.monotonic() - start < 15.0  # was: MemoryError / quadratic quoting, minutes
     assert code == ExitCode.USAGE and why in err and "Traceback" not in err
     assert len(err.splitlines()) == 2  # error line + hint line
 
