@@ -7,6 +7,7 @@ Everything here is JSON-ready through ``to_dict()``; the schema is docs/report-s
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,17 @@ from flight_profiler import __version__
 SCHEMA_VERSION = 1
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int)) else str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
 
 
 @dataclass
@@ -114,7 +126,8 @@ class Report:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=str)
+        """Strict JSON (RFC 8259): a NaN or an infinity from a hostile input becomes null."""
+        return json.dumps(strict(self.to_dict()), indent=indent, default=str, allow_nan=False)
 
     def to_markdown(self) -> str:
         from flight_profiler.render.report_md import render_markdown

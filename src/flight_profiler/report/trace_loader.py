@@ -8,6 +8,7 @@ the steps and the DataLoader spans. A 1 M-event trace keeps a few tens of MB.
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from dataclasses import dataclass, field
@@ -26,7 +27,15 @@ SYNC_CALLS = frozenset({
 })
 SCALAR_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 CPU_OP, PY_FRAME, ANNOTATION = 0, 1, 2
-_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d{1,18})")
+# Kernel names of heavily templated code reach a few KB; longer is not a name but a payload.
+MAX_NAME_CHARS = 4096
+_I64 = 1 << 63
+
+
+def _i64(x: Any) -> int:
+    """An id that fits the int64 columns, or -1 (hostile or missing)."""
+    return x if type(x) is int and -_I64 <= x < _I64 else -1
 
 
 def gpu_kind(name: str) -> int:
@@ -84,6 +93,8 @@ class RawTrace:
     trace_window: tuple[float, float] | None = None
 
     def intern(self, name: str) -> int:
+        if len(name) > MAX_NAME_CHARS:
+            name = name[:MAX_NAME_CHARS] + "..."
         i = self.name_ids.get(name)
         if i is None:
             i = self.name_ids[name] = len(self.names)
@@ -94,9 +105,15 @@ class RawTrace:
 def _thread_key(pid: Any, tid: Any) -> int:
     # pid/tid are ints in torch traces; strings appear for synthetic rows ("Spans").
     try:
-        return (int(pid) << 32) ^ int(tid)
-    except (TypeError, ValueError):
+        key = (int(pid) << 32) ^ int(tid)
+        if -_I64 <= key < _I64:
+            return key
+    except (TypeError, ValueError, OverflowError):
+        pass
+    try:
         return hash((pid, tid))
+    except TypeError:  # unhashable ids ("pid": [1]) from a hand-made file
+        return hash((repr(pid), repr(tid)))
 
 
 def load_trace(path: str) -> RawTrace:
@@ -118,15 +135,21 @@ def load_trace(path: str) -> RawTrace:
             ph = e.get("ph")
             if ph == "X":
                 cat = e.get("cat")
+                if not isinstance(cat, str):
+                    cat = ""
                 try:
                     ts = float(e["ts"])
                     end = ts + float(e.get("dur", 0.0))
-                except (KeyError, TypeError, ValueError):
+                except (KeyError, TypeError, ValueError, OverflowError):
                     continue
+                if not (math.isfinite(ts) and math.isfinite(end)):
+                    continue  # NaN/Infinity would poison every sum (and strict JSON output)
                 name = e.get("name", "")
                 if not isinstance(name, str):
                     name = str(name)
-                args = e.get("args") or {}
+                args = e.get("args")
+                if not isinstance(args, dict):
+                    args = {}
                 if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args):
                     stream_id = args.get("stream", -1)
                     if stream_id is None or stream_id == -1:
@@ -134,24 +157,23 @@ def load_trace(path: str) -> RawTrace:
                     k = kinds.get(name)
                     if k is None:
                         k = kinds[name] = gpu_kind(name)
-                    corr = args.get("correlation", -1)
+                    corr = _i64(args.get("correlation", -1))
                     raw.g_ts.append(ts)
                     raw.g_end.append(end)
                     raw.g_kind.append(k)
-                    raw.g_corr.append(corr if isinstance(corr, int) else -1)
+                    raw.g_corr.append(corr)
                     raw.g_name.append(intern(name))
                     dev = args.get("device", e.get("pid"))
                     if isinstance(dev, int):
                         raw.gpu_devices.add(dev)
                     if cat == "gpu_memcpy" or name.startswith("Memcpy"):
                         nbytes = args.get("bytes", 0)
-                        raw.memcpy.append((name, end - ts, nbytes if isinstance(nbytes, int) else 0,
-                                           corr if isinstance(corr, int) else -1))
+                        raw.memcpy.append((name, end - ts, max(_i64(nbytes), 0), corr))
                     continue
                 if cat == "cuda_runtime" or cat == "cuda_driver":
-                    corr = args.get("correlation")
+                    corr = _i64(args.get("correlation"))
                     key = _thread_key(e.get("pid"), e.get("tid"))
-                    if isinstance(corr, int):
+                    if corr != -1:
                         raw.rt_corr.append(corr)
                         raw.rt_ts.append(ts)
                         raw.rt_tid.append(key)
@@ -199,14 +221,19 @@ def load_trace(path: str) -> RawTrace:
             elif ph == "i" or ph == "I":
                 if e.get("name") != "[memory]":
                     continue
-                args = e.get("args") or {}
+                args = e.get("args")
+                if not isinstance(args, dict):
+                    continue
                 try:
                     dev = (int(args.get("Device Type", 0)), int(args.get("Device Id", 0)))
                     ts = float(e["ts"])
                     alloc = int(args.get("Total Allocated", 0))
                     reserved = int(args.get("Total Reserved", 0))
                     nbytes = int(args.get("Bytes", 0))
-                except (KeyError, TypeError, ValueError):
+                except (KeyError, TypeError, ValueError, OverflowError):
+                    continue
+                if not (math.isfinite(ts) and -_I64 <= alloc < _I64 and -_I64 <= reserved < _I64
+                        and abs(dev[0]) < 1 << 16 and abs(dev[1]) < 1 << 16):
                     continue
                 series = raw.mem.get(dev)
                 if series is None:
