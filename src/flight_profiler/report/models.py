@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flight_profiler import __version__
+from flight_profiler.report.cost import Cost
 
 SCHEMA_VERSION = 1
 SEVERITIES = ("info", "warning", "critical")
@@ -45,6 +46,12 @@ class Finding:
     root_cause: str = ""
     inputs: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # Performance findings: what the fix would recover; None for memory findings.
+    cost: Cost | None = None
+
+    @property
+    def cost_pct(self) -> float:
+        return self.cost.pct if self.cost is not None else -1.0
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITY_RANK:
@@ -56,6 +63,7 @@ class Finding:
             "summary": self.summary, "evidence": list(self.evidence), "where": list(self.where),
             "fix": list(self.fix), "root_cause": self.root_cause, "inputs": list(self.inputs),
             "metrics": self.metrics,
+            "cost": self.cost.to_dict() if self.cost is not None else None,
         }
 
 

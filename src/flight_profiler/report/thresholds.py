@@ -11,6 +11,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Thresholds:
+    # Severity of every performance finding, from its cost (share of step / GPU time its fix
+    # recovers). 5 %: torch-tb-profiler's bar for recommending a DataLoader fix; 20 %: a fix
+    # worth a 1.25x speed-up, our line for "fix this first".
+    cost_warning_pct: float = 5.0
+    cost_critical_pct: float = 20.0
+    # Gaps between GPU work shorter than this are launch latency (CPU-bound dispatch), longer
+    # ones have another cause (sync, data loading, host code).
+    launch_gap_us: float = 50.0
+    # communication: exposed (not overlapped by compute) collective time, share of the GPU
+    # span, from which it is reported at all (below: noise of a few small collectives).
+    comm_exposed_min_pct: float = 1.0
     # dataloader-bottleneck: torch-tb-profiler recommended num_workers above 5 % of step time.
     dataloader_warning_pct: float = 5.0
     dataloader_critical_pct: float = 25.0

@@ -99,10 +99,14 @@ def test_sync_bottleneck_names_the_python_line(tmp_path: Path) -> None:
     assert f.metrics["gpu_idle_after_sync_us"] > 0
 
 
-def test_sync_bottleneck_on_a_real_gpu_trace() -> None:
+def test_sync_bottleneck_on_a_real_gpu_trace_costs_only_the_idle_it_causes() -> None:
+    # The CPU waits 28 % of the step in .item(), but the GPU stays busy through the waits:
+    # the GPU-bound state, not a bottleneck (issue 12).
     report = analyze([str(TRACES / "gpu_train_test.json.gz")])
     (f,) = _rules(report, "sync-bottleneck")
-    assert f.severity == "critical"
+    assert f.metrics["pct_of_window"] > 20
+    assert f.severity == "info" and f.cost is not None and f.cost.pct < 1
+    assert f.cost.us == f.metrics["gpu_idle_caused_us"] < 0.01 * f.metrics["blocked_us"]
     assert any("aten::item" in w for w in f.where)
 
 
@@ -114,9 +118,13 @@ def test_transfer_bottleneck_pageable_copies_name_the_line(tmp_path: Path) -> No
     assert any("pin_memory" in fix for fix in f.fix)
 
 
-def test_transfer_bottleneck_on_real_alexnet_trace() -> None:
+def test_transfer_on_real_alexnet_trace_is_most_of_a_tiny_busy_time() -> None:
+    # Copies are 84 % of GPU busy time, but the GPU is busy 0.5 % of a 13 s span: pinning the
+    # pageable copies is worth saying, yet recovers under 1 % of GPU time (issue 12).
     (f,) = _rules(analyze([str(TRACES / "gpu_alexnet_sync.json.gz")]), "transfer-bottleneck")
-    assert f.severity == "critical" and f.metrics["pageable_bytes"] > 0
+    assert f.metrics["pct_of_gpu_busy"] > 80 and f.metrics["pageable_bytes"] > 0
+    assert f.severity == "info" and f.cost is not None and f.cost.pct < 1
+    assert any("pin_memory" in fix for fix in f.fix)
 
 
 def test_pinned_small_copies_stay_silent(tmp_path: Path) -> None:
