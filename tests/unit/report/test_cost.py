@@ -11,7 +11,13 @@ from report_synth import gpu_trace
 from flight_profiler.report import analyze
 from flight_profiler.report.cost import Cost, cost_of, severity_for
 from flight_profiler.report.models import SEVERITY_RANK
-from flight_profiler.report.overlap import covered, exposed, idle_after_waits, idle_during, short_gaps
+from flight_profiler.report.overlap import (
+    covered,
+    exposed,
+    idle_after_waits,
+    idle_during,
+    short_gaps,
+)
 from flight_profiler.report.thresholds import T
 from support import TRACES
 
