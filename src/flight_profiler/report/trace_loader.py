@@ -4,6 +4,9 @@ What is kept: GPU activity intervals (for the HTA-style breakdown), CPU-side int
 operators, Python frames and annotations per thread (for self time and for naming the Python
 line behind a sync or a copy), the CUDA runtime calls' correlation ids, ``[memory]`` samples,
 the steps and the DataLoader spans. A 1 M-event trace keeps a few tens of MB.
+
+Events arrive in batches of typed structs (fastjson, msgspec); a file that path cannot read is
+read again with the stdlib streaming decoder, its dicts turned into the same structs.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import math
 import re
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from flight_profiler.report.fastjson import Args, Event, NeedStdlib, iter_batches
 from flight_profiler.report.jsonstream import iter_trace, open_text_bytes
 
 # HTA's kernel classes (hta/utils/utils.py): communication, memory, computation, other.
@@ -119,60 +124,108 @@ def _thread_key(pid: Any, tid: Any) -> int:
 def load_trace(path: str) -> RawTrace:
     """Stream ``path`` (Chrome trace, plain or gzipped) into a :class:`RawTrace`."""
     raw = RawTrace(path)
+    with open_text_bytes(path) as stream:
+        try:
+            _consume(raw, iter_batches(stream, raw.meta.__setitem__))
+            return raw
+        except NeedStdlib:
+            pass  # an unusual layout or a malformed file: the tolerant reader decides
+    raw = RawTrace(path)
+    counts: dict[str, int] = {}
+    with open_text_bytes(path) as stream:
+        _consume(raw, _stdlib_batches(iter_trace(stream, raw.meta.__setitem__, counts)))
+    raw.events += counts.get("skipped", 0)
+    return raw
+
+
+def _stdlib_batches(events: Iterator[dict[str, Any]], size: int = 4096) -> Iterator[list[Event]]:
+    batch: list[Event] = []
+    for e in events:
+        a = e.get("args")
+        args = None
+        if isinstance(a, dict):
+            args = Args(stream=a.get("stream"), correlation=a.get("correlation"),
+                        device=a.get("device"), bytes=a.get("bytes"),
+                        device_type=a.get("Device Type"), device_id=a.get("Device Id"),
+                        total_allocated=a.get("Total Allocated"),
+                        total_reserved=a.get("Total Reserved"), nbytes=a.get("Bytes"),
+                        addr=a.get("Addr"))
+        batch.append(Event(ph=e.get("ph"), cat=e.get("cat"), name=e.get("name", ""),
+                           pid=e.get("pid"), tid=e.get("tid"), ts=e.get("ts"), dur=e.get("dur"),
+                           args=args))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
+    """The one pass: each event into the columns it feeds, nothing else kept."""
     kinds: dict[str, int] = {}
     intern = raw.intern
     threads = raw.threads
     last_ts: dict[int, float] = {}
     runtime = raw.runtime
+    keys: dict[tuple[Any, Any], int] = {}
+    isfinite = math.isfinite
+    g_ts, g_end, g_kind, g_corr, g_name = raw.g_ts, raw.g_end, raw.g_kind, raw.g_corr, raw.g_name
 
-    def on_meta(key: str, value: Any) -> None:
-        raw.meta[key] = value
+    def key_of(pid: Any, tid: Any) -> int:
+        try:
+            return keys[(pid, tid)]
+        except KeyError:
+            k = keys[(pid, tid)] = _thread_key(pid, tid)
+            return k
+        except TypeError:  # unhashable ids from a hand-made file
+            return _thread_key(pid, tid)
 
-    counts: dict[str, int] = {}
-    with open_text_bytes(path) as stream:
-        for e in iter_trace(stream, on_meta, counts):
-            raw.events += 1
-            ph = e.get("ph")
+    for batch in batches:
+        raw.events += len(batch)
+        for e in batch:
+            ph = e.ph
             if ph == "X":
-                cat = e.get("cat")
-                if not isinstance(cat, str):
-                    cat = ""
                 try:
-                    ts = float(e["ts"])
-                    end = ts + float(e.get("dur", 0.0))
-                except (KeyError, TypeError, ValueError, OverflowError):
+                    ts = float(e.ts)
+                    dur = e.dur
+                    end = ts + (float(dur) if dur is not None else 0.0)
+                except (TypeError, ValueError, OverflowError):
                     continue
-                if not (math.isfinite(ts) and math.isfinite(end)):
+                if not (isfinite(ts) and isfinite(end)):
                     continue  # NaN/Infinity would poison every sum (and strict JSON output)
-                name = e.get("name", "")
-                if not isinstance(name, str):
+                cat = e.cat
+                if type(cat) is not str:
+                    cat = ""
+                name = e.name
+                if type(name) is not str:
                     name = str(name)
-                args = e.get("args")
-                if not isinstance(args, dict):
-                    args = {}
-                if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args):
-                    stream_id = args.get("stream", -1)
+                args = e.args
+                if cat in _GPU_CATS or (args is not None and args.stream is not None
+                                        and cat != "gpu_user_annotation"):
+                    stream_id = args.stream if args is not None else None
                     if stream_id is None or stream_id == -1:
                         continue
                     k = kinds.get(name)
                     if k is None:
                         k = kinds[name] = gpu_kind(name)
-                    corr = _i64(args.get("correlation", -1))
-                    raw.g_ts.append(ts)
-                    raw.g_end.append(end)
-                    raw.g_kind.append(k)
-                    raw.g_corr.append(corr)
-                    raw.g_name.append(intern(name))
-                    dev = args.get("device", e.get("pid"))
-                    if isinstance(dev, int):
+                    corr = _i64(args.correlation) if args is not None else -1
+                    g_ts.append(ts)
+                    g_end.append(end)
+                    g_kind.append(k)
+                    g_corr.append(corr)
+                    g_name.append(intern(name))
+                    dev = args.device if args is not None else None
+                    if dev is None:
+                        dev = e.pid
+                    if type(dev) is int:
                         raw.gpu_devices.add(dev)
                     if cat == "gpu_memcpy" or name.startswith("Memcpy"):
-                        nbytes = args.get("bytes", 0)
+                        nbytes = args.bytes if args is not None else 0
                         raw.memcpy.append((name, end - ts, max(_i64(nbytes), 0), corr))
                     continue
                 if cat == "cuda_runtime" or cat == "cuda_driver":
-                    corr = _i64(args.get("correlation"))
-                    key = _thread_key(e.get("pid"), e.get("tid"))
+                    corr = _i64(args.correlation) if args is not None else -1
+                    key = key_of(e.pid, e.tid)
                     if corr != -1:
                         raw.rt_corr.append(corr)
                         raw.rt_ts.append(ts)
@@ -187,7 +240,7 @@ def load_trace(path: str) -> RawTrace:
                         raw.syncs.append((key, ts, end - ts, name))
                     continue
                 if cat == "cpu_op" or cat == "python_function" or cat == "user_annotation":
-                    key = _thread_key(e.get("pid"), e.get("tid"))
+                    key = key_of(e.pid, e.tid)
                     th = threads.get(key)
                     if th is None:
                         th = threads[key] = ThreadIntervals()
@@ -218,36 +271,36 @@ def load_trace(path: str) -> RawTrace:
                     continue
                 if cat == "Trace":
                     raw.trace_window = (ts, end)
-            elif ph == "i" or ph == "I":
-                if e.get("name") != "[memory]":
-                    continue
-                args = e.get("args")
-                if not isinstance(args, dict):
-                    continue
-                try:
-                    dev = (int(args.get("Device Type", 0)), int(args.get("Device Id", 0)))
-                    ts = float(e["ts"])
-                    alloc = int(args.get("Total Allocated", 0))
-                    reserved = int(args.get("Total Reserved", 0))
-                    nbytes = int(args.get("Bytes", 0))
-                except (KeyError, TypeError, ValueError, OverflowError):
-                    continue
-                if not (math.isfinite(ts) and -_I64 <= alloc < _I64 and -_I64 <= reserved < _I64
-                        and abs(dev[0]) < 1 << 16 and abs(dev[1]) < 1 << 16):
-                    continue
-                series = raw.mem.get(dev)
-                if series is None:
-                    series = raw.mem[dev] = (array("d"), array("q"), array("q"))
-                    raw.mem_live[dev] = {}
-                series[0].append(ts)
-                series[1].append(alloc)
-                series[2].append(reserved)
-                addr = args.get("Addr")
-                if isinstance(addr, int):
-                    live = raw.mem_live[dev]
-                    if nbytes > 0:
-                        live[addr] = (ts, nbytes, _thread_key(e.get("pid"), e.get("tid")))
-                    elif nbytes < 0:
-                        live.pop(addr, None)
-    raw.events += counts.get("skipped", 0)
-    return raw
+            elif (ph == "i" or ph == "I") and e.name == "[memory]":
+                _memory_sample(raw, e, key_of)
+
+
+def _memory_sample(raw: RawTrace, e: Event, key_of: Callable[[Any, Any], int]) -> None:
+    a = e.args
+    if a is None:
+        return
+    try:
+        dev = (int(a.device_type or 0), int(a.device_id or 0))
+        ts = float(e.ts)
+        alloc = int(a.total_allocated or 0)
+        reserved = int(a.total_reserved or 0)
+        nbytes = int(a.nbytes or 0)
+    except (TypeError, ValueError, OverflowError):
+        return
+    if not (math.isfinite(ts) and -_I64 <= alloc < _I64 and -_I64 <= reserved < _I64
+            and abs(dev[0]) < 1 << 16 and abs(dev[1]) < 1 << 16):
+        return
+    series = raw.mem.get(dev)
+    if series is None:
+        series = raw.mem[dev] = (array("d"), array("q"), array("q"))
+        raw.mem_live[dev] = {}
+    series[0].append(ts)
+    series[1].append(alloc)
+    series[2].append(reserved)
+    addr = a.addr
+    if type(addr) is int:
+        live = raw.mem_live[dev]
+        if nbytes > 0:
+            live[addr] = (ts, nbytes, key_of(e.pid, e.tid))
+        elif nbytes < 0:
+            live.pop(addr, None)

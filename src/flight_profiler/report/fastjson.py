@@ -1,0 +1,203 @@
+"""Decode a Chrome trace's events in batches of typed structs, with msgspec, in bounded memory.
+
+Only the fields an analysis reads are decoded (``Event`` / ``Args``); msgspec skips the rest
+(input shapes, external ids, flow ids ...) in C. The ``traceEvents`` array is cut into batches
+of whole events: a cut is taken at the last ``}`` ``,`` ``{`` of a byte window, and msgspec
+decoding ``[`` + batch + ``]`` proves it: a cut inside a string or a nested object leaves the
+batch unbalanced, which no JSON decoder accepts. Memory is one window plus one batch of structs.
+
+Anything unusual (the bare-array form, a value larger than the window cap, a field of an
+unexpected shape, invalid JSON) raises :class:`NeedStdlib`: the caller then reads the file
+again with the stdlib streaming decoder (jsonstream), which is slower, tolerant, and words the
+error precisely.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import IO, Any, Callable
+
+try:
+    import msgspec
+except ImportError:  # pragma: no cover - msgspec is a dependency; the stdlib path still works
+    msgspec = None  # type: ignore[assignment]
+
+from flight_profiler.report.jsonstream import MAX_META_CHARS, MAX_VALUE_CHARS
+
+WINDOW = 8 << 20
+_CUT = re.compile(rb"\}\s*,\s*\{")
+_END = re.compile(rb"\}\s*\]")
+_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+AVAILABLE = msgspec is not None
+
+
+class NeedStdlib(Exception):
+    """The fast path cannot read this file; read it with the stdlib decoder instead."""
+
+
+if msgspec is not None:
+
+    class Args(msgspec.Struct, gc=False):
+        stream: Any = None
+        correlation: Any = None
+        device: Any = None
+        bytes: Any = None
+        device_type: Any = msgspec.field(default=None, name="Device Type")
+        device_id: Any = msgspec.field(default=None, name="Device Id")
+        total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+        total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+        nbytes: Any = msgspec.field(default=None, name="Bytes")
+        addr: Any = msgspec.field(default=None, name="Addr")
+
+    class Event(msgspec.Struct, gc=False):
+        ph: Any = None
+        cat: Any = None
+        name: Any = ""
+        pid: Any = None
+        tid: Any = None
+        ts: Any = None
+        dur: Any = None
+        args: Args | None = None
+
+    _batch = msgspec.json.Decoder(list[Event])
+    _meta = msgspec.json.Decoder(dict[str, Any])
+    DecodeError: type[Exception] = msgspec.DecodeError
+else:  # pragma: no cover - the same shapes as plain classes, for the stdlib path
+    class _Plain:
+        _fields: tuple[str, ...] = ()
+
+        def __init__(self, **kw: Any) -> None:
+            for f in self._fields:
+                setattr(self, f, kw.get(f, "" if f == "name" else None))
+
+    class Args(_Plain):  # type: ignore[no-redef]
+        _fields = ("stream", "correlation", "device", "bytes", "device_type", "device_id",
+                   "total_allocated", "total_reserved", "nbytes", "addr")
+
+    class Event(_Plain):  # type: ignore[no-redef]
+        _fields = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")
+
+    DecodeError = ValueError
+
+
+def _decode_batch(data: bytes) -> list[Event]:
+    try:
+        return _batch.decode(data)
+    except (DecodeError, RecursionError) as exc:
+        raise NeedStdlib(str(exc)) from None
+
+
+def _meta_items(text: bytes, on_meta: Callable[[str, Any], None] | None) -> None:
+    """Decode ``{...}`` of top-level keys other than traceEvents; refuse anything odd."""
+    try:
+        obj = _meta.decode(text)
+    except (DecodeError, RecursionError) as exc:
+        raise NeedStdlib(str(exc)) from None
+    if on_meta is None:
+        return
+    for k, v in obj.items():
+        if len(msgspec.json.encode(v)) <= MAX_META_CHARS:
+            on_meta(k, v)
+
+
+def iter_batches(stream: IO[bytes], on_meta: Callable[[str, Any], None] | None = None,
+                 ) -> Iterator[list[Event]]:
+    """Yield the events of ``traceEvents`` in batches; raise NeedStdlib when it cannot."""
+    if msgspec is None:
+        raise NeedStdlib("msgspec is not installed")
+    buf = stream.read(WINDOW)
+    # The header: everything before the traceEvents array, decoded as an object of its own.
+    while True:
+        m = _KEY.search(buf)
+        if m is not None:
+            break
+        if len(buf) > MAX_META_CHARS:  # no events key near the start: not the usual layout
+            raise NeedStdlib("traceEvents is not near the start")
+        more = stream.read(WINDOW)
+        if not more:
+            raise NeedStdlib("no traceEvents array")
+        buf += more
+    head = buf[: m.start()].strip()
+    if not head.startswith(b"{"):
+        raise NeedStdlib("not an object")
+    head = head[1:].strip()
+    if head:
+        if not head.endswith(b","):
+            raise NeedStdlib("malformed header")
+        _meta_items(b"{" + head[:-1] + b"}", on_meta)
+    buf = buf[m.end():].lstrip()
+    eof = False
+    while True:
+        if buf.startswith(b"]"):  # an empty array, or the events ended on a cut
+            _tail(buf[1:] + _read_rest(stream), on_meta)
+            return
+        if not buf.startswith(b"{"):
+            raise NeedStdlib("an event is not an object")
+        found = _array_end(buf)
+        if found is not None:
+            end, events = found
+            yield events
+            _tail(buf[end:].lstrip()[1:] + _read_rest(stream), on_meta)
+            return
+        cut = _last_cut(buf)
+        if cut > 0:
+            yield _decode_batch(b"[" + buf[:cut] + b"]")
+            buf = buf[cut:].lstrip()[1:].lstrip()  # drop the "," between the events
+            continue
+        if eof:
+            raise NeedStdlib("the events array does not end")
+        if len(buf) > MAX_VALUE_CHARS:
+            raise NeedStdlib("one event larger than the window cap")
+        more = stream.read(WINDOW)
+        if more:
+            buf += more
+        else:
+            eof = True
+
+
+def _read_rest(stream: IO[bytes]) -> bytes:
+    rest = stream.read(MAX_META_CHARS * 4)
+    if stream.read(1):
+        raise NeedStdlib("large data after the events")
+    return rest
+
+
+def _last_cut(buf: bytes) -> int:
+    """Offset just after the last ``}`` followed by ``,`` and ``{`` in the window, or 0."""
+    start = max(0, len(buf) - (1 << 20))
+    while True:
+        last = 0
+        for m in _CUT.finditer(buf, start):
+            last = m.start() + 1
+        if last or start == 0:
+            return last
+        start = max(0, start - (4 << 20))
+
+
+def _array_end(buf: bytes, attempts: int = 8) -> tuple[int, list[Event]] | None:
+    """Where the events array ends in the window (just after its last event), if it does.
+
+    ``}`` ``]`` also occurs inside an event (a list of objects in its args): a candidate is the
+    end only if everything before it decodes as whole events.
+    """
+    for m in _END.finditer(buf):
+        if attempts == 0:
+            raise NeedStdlib("too many candidate ends of the events array")
+        attempts -= 1
+        end = m.start() + 1
+        try:
+            return end, _batch.decode(b"[" + buf[:end] + b"]")
+        except (DecodeError, RecursionError):
+            continue
+    return None
+
+
+def _tail(rest: bytes, on_meta: Callable[[str, Any], None] | None) -> None:
+    """After the array: ``}`` or ``, "key": value ... }``."""
+    rest = rest.strip()
+    if rest == b"}":
+        return
+    if not rest.startswith(b","):
+        raise NeedStdlib("malformed end of file")
+    _meta_items(b"{" + rest[1:], on_meta)
