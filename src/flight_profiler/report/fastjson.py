@@ -14,6 +14,7 @@ error precisely.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from typing import IO, Any, Callable
@@ -29,6 +30,7 @@ WINDOW = 8 << 20
 _CUT = re.compile(rb"\}\s*,\s*\{")
 _END = re.compile(rb"\}\s*\]")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_NEXT = re.compile(rb"\s*,\s*\{")
 AVAILABLE = msgspec is not None
 
 
@@ -56,8 +58,9 @@ if msgspec is not None:
         name: Any = ""
         pid: Any = None
         tid: Any = None
-        ts: Any = None
-        dur: Any = None
+        # Typed: msgspec converts in C; a string here sends the file to the stdlib path.
+        ts: float = math.nan
+        dur: float = 0.0
         args: Args | None = None
 
     _batch = msgspec.json.Decoder(list[Event])
@@ -81,7 +84,7 @@ else:  # pragma: no cover - the same shapes as plain classes, for the stdlib pat
     DecodeError = ValueError
 
 
-def _decode_batch(data: bytes) -> list[Event]:
+def _decode_batch(data: bytes | memoryview) -> list[Event]:
     try:
         return _batch.decode(data)
     except (DecodeError, RecursionError) as exc:
@@ -106,19 +109,19 @@ def iter_batches(stream: IO[bytes], on_meta: Callable[[str, Any], None] | None =
     """Yield the events of ``traceEvents`` in batches; raise NeedStdlib when it cannot."""
     if msgspec is None:
         raise NeedStdlib("msgspec is not installed")
-    buf = stream.read(WINDOW)
+    start = stream.read(WINDOW)
     # The header: everything before the traceEvents array, decoded as an object of its own.
     while True:
-        m = _KEY.search(buf)
+        m = _KEY.search(start)
         if m is not None:
             break
-        if len(buf) > MAX_META_CHARS:  # no events key near the start: not the usual layout
+        if len(start) > MAX_META_CHARS:  # no events key near the start: not the usual layout
             raise NeedStdlib("traceEvents is not near the start")
         more = stream.read(WINDOW)
         if not more:
             raise NeedStdlib("no traceEvents array")
-        buf += more
-    head = buf[: m.start()].strip()
+        start += more
+    head = start[: m.start()].strip()
     if not head.startswith(b"{"):
         raise NeedStdlib("not an object")
     head = head[1:].strip()
@@ -126,25 +129,47 @@ def iter_batches(stream: IO[bytes], on_meta: Callable[[str, Any], None] | None =
         if not head.endswith(b","):
             raise NeedStdlib("malformed header")
         _meta_items(b"{" + head[:-1] + b"}", on_meta)
-    buf = buf[m.end():].lstrip()
+    # Invariant: buf[0] is a spare byte (it becomes the "[" of a batch), buf[1:] the events.
+    buf = bytearray(b" ")
+    buf += start[m.end():].lstrip()
+    del start
     eof = False
     while True:
-        if buf.startswith(b"]"):  # an empty array, or the events ended on a cut
-            _tail(buf[1:] + _read_rest(stream), on_meta)
+        c = buf[1:2]
+        if c == b"]":  # an empty array
+            _tail(bytes(buf[2:]) + _read_rest(stream), on_meta)
             return
-        if not buf.startswith(b"{"):
+        if c == b"{":
+            found = _array_end(buf)
+            if found is not None:
+                end, events = found
+                yield events
+                _tail(bytes(buf[end:]).lstrip()[1:] + _read_rest(stream), on_meta)
+                return
+            cut = _last_cut(buf)
+            if cut > 0:
+                # Decode in place: the spare byte becomes "[", the byte after the batch's last
+                # event (a space or the ",") becomes "]": no copy of the window.
+                buf[0] = 0x5B
+                keep = buf[cut]
+                buf[cut] = 0x5D
+                yield _decode_batch(memoryview(buf)[: cut + 1])
+                buf[cut] = keep
+                j = _NEXT.match(buf, cut)
+                if j is None:
+                    raise NeedStdlib("no event after a separator")
+                nxt = bytearray(b" ")
+                nxt += memoryview(buf)[j.end() - 1 :]
+                buf = nxt
+                if not eof:
+                    more = stream.read(WINDOW)
+                    if more:
+                        buf += more
+                    else:
+                        eof = True
+                continue
+        elif c and not c.isspace():
             raise NeedStdlib("an event is not an object")
-        found = _array_end(buf)
-        if found is not None:
-            end, events = found
-            yield events
-            _tail(buf[end:].lstrip()[1:] + _read_rest(stream), on_meta)
-            return
-        cut = _last_cut(buf)
-        if cut > 0:
-            yield _decode_batch(b"[" + buf[:cut] + b"]")
-            buf = buf[cut:].lstrip()[1:].lstrip()  # drop the "," between the events
-            continue
         if eof:
             raise NeedStdlib("the events array does not end")
         if len(buf) > MAX_VALUE_CHARS:
@@ -152,6 +177,8 @@ def iter_batches(stream: IO[bytes], on_meta: Callable[[str, Any], None] | None =
         more = stream.read(WINDOW)
         if more:
             buf += more
+            if buf[1:2].isspace():
+                del buf[1 : len(buf) - len(bytes(buf[1:]).lstrip())]
         else:
             eof = True
 
@@ -163,31 +190,31 @@ def _read_rest(stream: IO[bytes]) -> bytes:
     return rest
 
 
-def _last_cut(buf: bytes) -> int:
+def _last_cut(buf: bytearray) -> int:
     """Offset just after the last ``}`` followed by ``,`` and ``{`` in the window, or 0."""
-    start = max(0, len(buf) - (1 << 20))
+    start = max(1, len(buf) - (1 << 20))
     while True:
         last = 0
         for m in _CUT.finditer(buf, start):
             last = m.start() + 1
-        if last or start == 0:
+        if last or start == 1:
             return last
-        start = max(0, start - (4 << 20))
+        start = max(1, start - (4 << 20))
 
 
-def _array_end(buf: bytes, attempts: int = 8) -> tuple[int, list[Event]] | None:
+def _array_end(buf: bytearray, attempts: int = 8) -> tuple[int, list[Event]] | None:
     """Where the events array ends in the window (just after its last event), if it does.
 
     ``}`` ``]`` also occurs inside an event (a list of objects in its args): a candidate is the
     end only if everything before it decodes as whole events.
     """
-    for m in _END.finditer(buf):
+    for m in _END.finditer(buf, 1):
         if attempts == 0:
             raise NeedStdlib("too many candidate ends of the events array")
         attempts -= 1
         end = m.start() + 1
         try:
-            return end, _batch.decode(b"[" + buf[:end] + b"]")
+            return end, _batch.decode(b"[" + buf[1:end] + b"]")
         except (DecodeError, RecursionError):
             continue
     return None

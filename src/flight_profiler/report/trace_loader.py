@@ -150,9 +150,13 @@ def _stdlib_batches(events: Iterator[dict[str, Any]], size: int = 4096) -> Itera
                         total_allocated=a.get("Total Allocated"),
                         total_reserved=a.get("Total Reserved"), nbytes=a.get("Bytes"),
                         addr=a.get("Addr"))
+        try:
+            ts = float(e.get("ts", math.nan))
+            dur = float(e.get("dur", 0.0))
+        except (TypeError, ValueError, OverflowError):
+            ts, dur = math.nan, 0.0
         batch.append(Event(ph=e.get("ph"), cat=e.get("cat"), name=e.get("name", ""),
-                           pid=e.get("pid"), tid=e.get("tid"), ts=e.get("ts"), dur=e.get("dur"),
-                           args=args))
+                           pid=e.get("pid"), tid=e.get("tid"), ts=ts, dur=dur, args=args))
         if len(batch) >= size:
             yield batch
             batch = []
@@ -165,10 +169,9 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
     kinds: dict[str, int] = {}
     intern = raw.intern
     threads = raw.threads
-    last_ts: dict[int, float] = {}
     runtime = raw.runtime
     keys: dict[tuple[Any, Any], int] = {}
-    isfinite = math.isfinite
+    name_ids = raw.name_ids
     g_ts, g_end, g_kind, g_corr, g_name = raw.g_ts, raw.g_end, raw.g_kind, raw.g_corr, raw.g_name
 
     def key_of(pid: Any, tid: Any) -> int:
@@ -185,14 +188,11 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
         for e in batch:
             ph = e.ph
             if ph == "X":
-                try:
-                    ts = float(e.ts)
-                    dur = e.dur
-                    end = ts + (float(dur) if dur is not None else 0.0)
-                except (TypeError, ValueError, OverflowError):
-                    continue
-                if not (isfinite(ts) and isfinite(end)):
-                    continue  # NaN/Infinity would poison every sum (and strict JSON output)
+                ts = e.ts
+                end = ts + e.dur
+                d = end - ts
+                if d - d != 0.0:
+                    continue  # NaN/Infinity in ts or dur would poison every sum (and the JSON)
                 cat = e.cat
                 if type(cat) is not str:
                     cat = ""
@@ -213,7 +213,8 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                     g_end.append(end)
                     g_kind.append(k)
                     g_corr.append(corr)
-                    g_name.append(intern(name))
+                    i = name_ids.get(name)
+                    g_name.append(intern(name) if i is None else i)
                     dev = args.device if args is not None else None
                     if dev is None:
                         dev = e.pid
@@ -244,13 +245,13 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                     th = threads.get(key)
                     if th is None:
                         th = threads[key] = ThreadIntervals()
-                    prev = last_ts.get(key)
-                    if prev is not None and ts < prev:
+                    tss = th.ts
+                    if tss and ts < tss[-1]:
                         th.sorted = False
-                    last_ts[key] = ts
-                    th.ts.append(ts)
+                    tss.append(ts)
                     th.end.append(end)
-                    th.name.append(intern(name))
+                    i = name_ids.get(name)
+                    th.name.append(intern(name) if i is None else i)
                     if cat == "cpu_op":
                         th.kind.append(CPU_OP)
                         if name in SCALAR_OPS:
@@ -264,15 +265,16 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                             raw.steps.append((int(m.group(1)) if m else len(raw.steps), ts, end - ts))
                         elif name.startswith("enumerate(DataLoader)"):
                             raw.dataloader.append((key, ts, end - ts))
-                    if ts < raw.span_ts:
-                        raw.span_ts = ts
-                    if end > raw.span_end:
-                        raw.span_end = end
                     continue
                 if cat == "Trace":
                     raw.trace_window = (ts, end)
             elif (ph == "i" or ph == "I") and e.name == "[memory]":
                 _memory_sample(raw, e, key_of)
+    # The CPU-side span, from the columns (cheaper than a comparison per event).
+    for th in threads.values():
+        if th.ts:
+            raw.span_ts = min(raw.span_ts, min(th.ts))
+            raw.span_end = max(raw.span_end, max(th.end))
 
 
 def _memory_sample(raw: RawTrace, e: Event, key_of: Callable[[Any, Any], int]) -> None:
@@ -281,7 +283,7 @@ def _memory_sample(raw: RawTrace, e: Event, key_of: Callable[[Any, Any], int]) -
         return
     try:
         dev = (int(a.device_type or 0), int(a.device_id or 0))
-        ts = float(e.ts)
+        ts = e.ts
         alloc = int(a.total_allocated or 0)
         reserved = int(a.total_reserved or 0)
         nbytes = int(a.nbytes or 0)
