@@ -155,7 +155,10 @@ def _stdlib_batches(events: Iterator[dict[str, Any]], size: int = 4096) -> Itera
             dur = float(e.get("dur", 0.0))
         except (TypeError, ValueError, OverflowError):
             ts, dur = math.nan, 0.0
-        batch.append(Event(ph=e.get("ph"), cat=e.get("cat"), name=e.get("name", ""),
+        ph, cat, name = e.get("ph"), e.get("cat"), e.get("name", "")
+        batch.append(Event(ph=ph if isinstance(ph, str) else "",
+                           cat=cat if isinstance(cat, str) else "",
+                           name=name if isinstance(name, str) else str(name),
                            pid=e.get("pid"), tid=e.get("tid"), ts=ts, dur=dur, args=args))
         if len(batch) >= size:
             yield batch
@@ -194,11 +197,7 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                 if d - d != 0.0:
                     continue  # NaN/Infinity in ts or dur would poison every sum (and the JSON)
                 cat = e.cat
-                if type(cat) is not str:
-                    cat = ""
-                name = e.name
-                if type(name) is not str:
-                    name = str(name)
+                name = e.name  # both str: typed in the fast path, coerced in the stdlib one
                 args = e.args
                 if cat in _GPU_CATS or (args is not None and args.stream is not None
                                         and cat != "gpu_user_annotation"):
