@@ -40,7 +40,7 @@ CONTENDERS = {
         "from flight_profiler.report import analyze\n"
         "r = analyze([path])\n"
         "b = r.inputs[0].data.get('gpu_time_breakdown') or {}\n"
-        "check = [r.inputs[0].ok, b.get('idle_pct'), len(r.findings)]"
+        "check = [b.get('idle_pct'), b.get('compute_pct'), b.get('non_compute_pct'), len(r.findings)]"
     ),
     "json.load": (
         "import gzip\n"
@@ -53,7 +53,8 @@ CONTENDERS = {
         "from hta.trace_analysis import TraceAnalysis\n"
         "ta = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(path))\n"
         "df = ta.get_temporal_breakdown(visualize=False)\n"
-        "check = [float(df['idle_time_pctg'][0])]"
+        "check = [float(df[c][0]) for c in ('idle_time_pctg', 'compute_time_pctg',"
+        " 'non_compute_time_pctg')]"
     ),
 }
 
@@ -80,7 +81,7 @@ def main() -> None:
         sys.path.insert(0, str(HERE))
         from gen_trace import generate
 
-        path = os.path.join(tempfile.gettempdir(), f"fp_bench_{a.events}.json.gz")
+        path = os.path.join(tempfile.gettempdir(), f"fp_bench_{a.events}.json")
         if not os.path.exists(path):
             n = generate(path, a.events)
             print(f"generated {path} ({n} events, {os.path.getsize(path) >> 20} MiB gz)")
@@ -103,6 +104,14 @@ def main() -> None:
         print(f"{name:16s} wall {r['wall_s']:7.2f} s  cpu {r['cpu_s']:7.2f} s  "
               f"peak RSS {r['peak_rss_mb']:7.1f} MB  check {r['check']}")
     ours = best.get("flight_profiler")
+    hta_r = best.get("HTA")
+    if ours and hta_r:
+        pairs = list(zip(ours["check"][:3], hta_r["check"]))  # type: ignore[index]
+        diff = max(abs(float(a) - float(b)) for a, b in pairs)
+        print(f"HTA parity idle/compute/other: ours {[round(float(a), 2) for a, _ in pairs]} "
+              f"HTA {[round(float(b), 2) for _, b in pairs]}: max difference {diff:.2f} pp")
+    elif not hta:
+        print("HTA: skipped (set FP_HTA_PYTHON to a Python with HolisticTraceAnalysis installed)")
     if ours:
         for name, r in best.items():
             if name != "flight_profiler":

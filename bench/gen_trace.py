@@ -212,10 +212,7 @@ def main() -> None:
     p.add_argument("--from", dest="source", help="tile this real trace instead of synthesising")
     p.add_argument("--copies", type=int, default=10)
     a = p.parse_args()
-    if a.source:
-        n = tile(a.out, a.source, a.copies)
-    else:
-        n = generate(a.out, a.events, a.seed, a.leak)
+    n = tile(a.out, a.source, a.copies) if a.source else generate(a.out, a.events, a.seed, a.leak)
     print(f"wrote {n} events to {a.out}")
 
 

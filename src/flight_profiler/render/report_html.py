@@ -99,6 +99,9 @@ def render_html(report: Report) -> str:
         cls = f.severity[0]
         P.append(f"<div class=\"finding {cls}\"><p><span class=\"sev {f.severity}\">{f.severity}</span> "
                  f"<code>{escape(f.rule)}</code> <b>{escape(f.title)}</b></p><p>{escape(f.summary)}</p>")
+        if f.cost is not None:
+            P.append(f"<p>Cost: {f.cost.pct:.1f}% of {escape(f.cost.of)} ({f.cost.us / 1000:.2f} ms), "
+                     f"estimated as {escape(f.cost.method)}.</p>")
         if f.evidence:
             P.append("<ul>" + "".join(f"<li>{escape(e)}</li>" for e in f.evidence) + "</ul>")
         if f.where:
