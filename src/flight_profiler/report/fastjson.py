@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Optional
 
 try:
     import msgspec
@@ -62,7 +62,8 @@ if msgspec is not None:
         tid: Any = None
         ts: float = math.nan
         dur: float = 0.0
-        args: Args | None = None
+        # Optional[], not "X | None": msgspec evaluates these at runtime, on Python 3.9 too.
+        args: Optional[Args] = None  # noqa: UP045
 
     _batch = msgspec.json.Decoder(list[Event])
     _meta = msgspec.json.Decoder(dict[str, Any])
@@ -141,34 +142,39 @@ def iter_batches(stream: IO[bytes], on_meta: Callable[[str, Any], None] | None =
             _tail(bytes(buf[2:]) + _read_rest(stream), on_meta)
             return
         if c == b"{":
-            found = _array_end(buf)
+            cuts = _cuts(buf)
+            # The array ends after the window's last "},{" (or there is none): "}]" before it
+            # are inside events.
+            found = _array_end(buf, cuts[-1] if cuts else 1)
+            if found is None and cuts:
+                found = _batch_at_a_cut(buf, cuts)
+                if found is None:
+                    # The "},{" were all after the array (a list of objects among the keys that
+                    # follow it): the end is further back, or the file is malformed.
+                    found = _array_end(buf, 1)
+                    if found is None:
+                        raise NeedStdlib("no batch of whole events decodes")
+                else:
+                    cut, batch = found
+                    yield batch
+                    j = _NEXT.match(buf, cut)
+                    if j is None:
+                        raise NeedStdlib("no event after a separator")
+                    nxt = bytearray(b" ")
+                    nxt += memoryview(buf)[j.end() - 1 :]
+                    buf = nxt
+                    if not eof:
+                        more = stream.read(WINDOW)
+                        if more:
+                            buf += more
+                        else:
+                            eof = True
+                    continue
             if found is not None:
                 end, events = found
                 yield events
                 _tail(bytes(buf[end:]).lstrip()[1:] + _read_rest(stream), on_meta)
                 return
-            cut = _last_cut(buf)
-            if cut > 0:
-                # Decode in place: the spare byte becomes "[", the byte after the batch's last
-                # event (a space or the ",") becomes "]": no copy of the window.
-                buf[0] = 0x5B
-                keep = buf[cut]
-                buf[cut] = 0x5D
-                yield _decode_batch(memoryview(buf)[: cut + 1])
-                buf[cut] = keep
-                j = _NEXT.match(buf, cut)
-                if j is None:
-                    raise NeedStdlib("no event after a separator")
-                nxt = bytearray(b" ")
-                nxt += memoryview(buf)[j.end() - 1 :]
-                buf = nxt
-                if not eof:
-                    more = stream.read(WINDOW)
-                    if more:
-                        buf += more
-                    else:
-                        eof = True
-                continue
         elif c and not c.isspace():
             raise NeedStdlib("an event is not an object")
         if eof:
@@ -191,25 +197,44 @@ def _read_rest(stream: IO[bytes]) -> bytes:
     return rest
 
 
-def _last_cut(buf: bytearray) -> int:
-    """Offset just after the last ``}`` followed by ``,`` and ``{`` in the window, or 0."""
+def _cuts(buf: bytearray) -> list[int]:
+    """Offsets just after each ``}`` followed by ``,`` and ``{`` near the window's end."""
     start = max(1, len(buf) - (1 << 20))
     while True:
-        last = 0
-        for m in _CUT.finditer(buf, start):
-            last = m.start() + 1
-        if last or start == 1:
-            return last
+        found = [m.start() + 1 for m in _CUT.finditer(buf, start)]
+        if found or start == 1:
+            return found
         start = max(1, start - (4 << 20))
 
 
-def _array_end(buf: bytearray, attempts: int = 8) -> tuple[int, list[Event]] | None:
+def _batch_at_a_cut(buf: bytearray, cuts: list[int], tries: int = 8,
+                    ) -> tuple[int, list[Event]] | None:
+    """Decode the events up to the last cut that ends a batch of whole events.
+
+    In place: the spare byte becomes "[", the byte after the cut (a space or the ",") "]", so
+    the window is not copied. Earlier cuts are tried when the last ones fall after the array.
+    """
+    buf[0] = 0x5B
+    for cut in reversed(cuts[-tries:]):
+        keep = buf[cut]
+        buf[cut] = 0x5D
+        try:
+            return cut, _batch.decode(memoryview(buf)[: cut + 1])
+        except (DecodeError, RecursionError):
+            continue
+        finally:
+            buf[cut] = keep
+    return None
+
+
+def _array_end(buf: bytearray, start: int, attempts: int = 8,
+               ) -> tuple[int, list[Event]] | None:
     """Where the events array ends in the window (just after its last event), if it does.
 
     ``}`` ``]`` also occurs inside an event (a list of objects in its args): a candidate is the
     end only if everything before it decodes as whole events.
     """
-    for m in _END.finditer(buf, 1):
+    for m in _END.finditer(buf, start):
         if attempts == 0:
             raise NeedStdlib("too many candidate ends of the events array")
         attempts -= 1
