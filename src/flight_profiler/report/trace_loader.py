@@ -11,15 +11,19 @@ read again with the stdlib streaming decoder, its dicts turned into the same str
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import re
+import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from flight_profiler.report.fastjson import Args, Event, NeedStdlib, iter_batches
-from flight_profiler.report.jsonstream import iter_trace, open_text_bytes
+from flight_profiler.report.jsonstream import TraceFormatError, iter_trace, open_text_bytes
+from flight_profiler.report.readahead import ReadAhead
 
 # HTA's kernel classes (hta/utils/utils.py): communication, memory, computation, other.
 COMPUTE, MEMORY, COMM, OTHER = 0, 1, 2, 3
@@ -125,11 +129,15 @@ def load_trace(path: str) -> RawTrace:
     """Stream ``path`` (Chrome trace, plain or gzipped) into a :class:`RawTrace`."""
     raw = RawTrace(path)
     with open_text_bytes(path) as stream:
-        try:
-            _consume(raw, iter_batches(stream, raw.meta.__setitem__))
-            return raw
-        except NeedStdlib:
-            pass  # an unusual layout or a malformed file: the tolerant reader decides
+        compressed = not isinstance(stream, io.BufferedReader)
+        with ReadAhead(stream) if compressed else contextlib.nullcontext(stream) as src:
+            try:
+                _consume(raw, iter_batches(src, raw.meta.__setitem__))  # type: ignore[arg-type]
+                return raw
+            except NeedStdlib:
+                pass  # an unusual layout or a malformed file: the tolerant reader decides
+            except (OSError, EOFError, zlib.error) as exc:  # gzip: truncated or corrupt
+                raise TraceFormatError(f"cannot decompress: {exc}") from None
     raw = RawTrace(path)
     counts: dict[str, int] = {}
     with open_text_bytes(path) as stream:

@@ -107,3 +107,17 @@ def test_the_stdlib_path_reads_what_the_fast_path_refuses(tmp_path: Path) -> Non
                               "ts": 10, "dur": 5}]))
     raw = trace_loader.load_trace(str(p))
     assert raw.events == 1 and len(raw.threads) == 1
+
+
+def test_gzip_is_inflated_ahead_and_a_cut_gzip_is_one_clear_error(tmp_path: Path) -> None:
+    from flight_profiler.report.readahead import ReadAhead
+
+    data = (TRACES / "gpu_sampled_rank0.json.gz").read_bytes()
+    with gzip.open(io.BytesIO(data)) as g, ReadAhead(g, chunk=1000) as ra:
+        assert b"".join(iter(lambda: ra.read(777), b"")) == gzip.decompress(data)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    from flight_profiler.report.jsonstream import TraceFormatError
+
+    with pytest.raises(TraceFormatError, match=r"decompress|truncated"):
+        trace_loader.load_trace(str(cut))
