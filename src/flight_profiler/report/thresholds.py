@@ -24,20 +24,19 @@ class Thresholds:
     comm_exposed_min_pct: float = 1.0
     # dataloader-bottleneck: torch-tb-profiler recommended num_workers above 5 % of step time.
     dataloader_warning_pct: float = 5.0
+    # Unused since severity follows the cost (cost_*_pct); kept for a rule that sets its own.
     dataloader_critical_pct: float = 25.0
     # low-gpu-utilization: torch-tb-profiler flagged GPU kernel busy time below 50 %.
     gpu_busy_warning_pct: float = 50.0
-    gpu_busy_critical_pct: float = 20.0
     # Ignore windows too short to mean anything (one tiny step, warm-up only).
     min_gpu_window_us: float = 1_000.0
     # transfer-bottleneck: host<->device copies as a share of GPU busy time.
     transfer_warning_pct: float = 10.0
-    transfer_critical_pct: float = 30.0
     # Pageable copies at all: pin_memory advice once they carry this much.
     pageable_min_bytes: int = 1 << 20
-    # sync-bottleneck: blocking time as a share of the profiled step/window time.
+    # sync-bottleneck: blocking time as a share of the step/window time, from which the pattern
+    # is reported (its severity then follows the GPU idle it causes).
     sync_warning_pct: float = 5.0
-    sync_critical_pct: float = 20.0
     # launch-overhead (GPU): median kernel shorter than this many us and many of them ...
     short_kernel_us: float = 10.0
     short_kernel_share_pct: float = 50.0
