@@ -7,6 +7,7 @@ shares are percentages (``_pct``), sizes bytes.
 from __future__ import annotations
 
 import statistics
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -49,34 +50,54 @@ def _pct(part: float, whole: float) -> float:
     return round(100.0 * part / whole, 3) if whole > 0 else 0.0
 
 
-def _gpu_selection(raw: RawTrace) -> tuple[list[int], bool]:
+def _gpu_selection(raw: RawTrace) -> tuple[Sequence[int], bool]:
     """Indices of the GPU events HTA would analyse, and whether its step filter applied.
 
     HTA (Trace._filter_irrelevant_gpu_kernels) keeps, when there are >= 2 ProfilerSteps, only
     GPU events launched (correlation) by a CPU call that started before the last ProfilerStep:
-    the last step is usually cut short by the profiler stopping.
+    the last step is usually cut short by the profiler stopping. Indices are a compact array:
+    a list of a million Python ints would cost 36 MB.
     """
     n = len(raw.g_ts)
     step_names = {num for num, _, _ in raw.steps}
     if len(step_names) < 2:
-        return list(range(n)), False
+        return range(n), False
     last_start = max(ts for _, ts, _ in raw.steps)
     allowed = {c for c, t in zip(raw.rt_corr, raw.rt_ts) if t < last_start}
     corr = raw.g_corr
-    return [i for i in range(n) if corr[i] in allowed], True
+    return array("q", (i for i in range(n) if corr[i] in allowed)), True
+
+
+def merge_idx(ts: Sequence[float], end: Sequence[float], idx: Iterable[int]) -> list[tuple[float, float]]:
+    """``merge`` of the intervals ``idx`` picks, without building a tuple per interval."""
+    order = sorted(idx, key=ts.__getitem__)
+    out: list[tuple[float, float]] = []
+    if not order:
+        return out
+    cs, ce = ts[order[0]], end[order[0]]
+    for i in order:
+        s, e = ts[i], end[i]
+        if s <= ce:
+            if e > ce:
+                ce = e
+        else:
+            out.append((cs, ce))
+            cs, ce = s, e
+    out.append((cs, ce))
+    return out
 
 
 Spans = list[tuple[float, float]]
 
 
-def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, Spans, Spans, list[int]]:
+def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, Spans, Spans, Sequence[int]]:
     """HTA's temporal breakdown; also the merged busy and compute intervals, and the selection."""
     idx, filtered = _gpu_selection(raw)
     if not idx:
-        return None, [], [], []
+        return None, [], [], range(0)
     ts, end, kind = raw.g_ts, raw.g_end, raw.g_kind
-    busy = merge((ts[i], end[i]) for i in idx)
-    compute = merge((ts[i], end[i]) for i in idx if kind[i] == COMPUTE)
+    busy = merge_idx(ts, end, idx)
+    compute = merge_idx(ts, end, (i for i in idx if kind[i] == COMPUTE))
     span = busy[-1][1] - busy[0][0]
     busy_us = sum(e - s for s, e in busy)
     compute_us = sum(e - s for s, e in compute)
@@ -97,13 +118,14 @@ def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, Spans, Spans, l
     }, busy, compute, idx
 
 
-def _communication(raw: RawTrace, idx: list[int], compute: Spans, span_us: float) -> dict[str, Any] | None:
+def _communication(raw: RawTrace, idx: Sequence[int], compute: Spans, span_us: float,
+                   ) -> dict[str, Any] | None:
     """Collective kernels (NCCL, gloo) and how much of their time compute does not hide."""
     ts, end, kind, names = raw.g_ts, raw.g_end, raw.g_kind, raw.names
     comm_idx = [i for i in idx if kind[i] == COMM]
     if not comm_idx:
         return None
-    comm = merge((ts[i], end[i]) for i in comm_idx)
+    comm = merge_idx(ts, end, comm_idx)
     comm_sum = sum(end[i] - ts[i] for i in comm_idx)
     kernel_sum = comm_sum + sum(end[i] - ts[i] for i in idx if kind[i] == COMPUTE)
     comm_us = length(comm)
@@ -311,8 +333,8 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         }
         m["memcpy"]["host_device_pct_of_gpu_busy"] = _pct(m["memcpy"]["host_device_us"], busy_us)
         m["memcpy"]["pageable_bytes"] = int(sum(v[2] for k, v in kinds.items() if "Pageable" in k))
-        hd = merge((raw.g_ts[i], raw.g_end[i]) for i in selected
-                   if raw.g_kind[i] == MEMORY and _host_device(raw.names[raw.g_name[i]]))
+        hd = merge_idx(raw.g_ts, raw.g_end, (i for i in selected if raw.g_kind[i] == MEMORY
+                                            and _host_device(raw.names[raw.g_name[i]])))
         m["memcpy"]["host_device_exposed_us"] = round(exposed(hd, compute), 3)
         m["memcpy"]["callers"] = attribute_gpu(
             raw, index, [(c, d, n) for n, d, _b, c in raw.memcpy if _host_device(n)])
