@@ -19,6 +19,7 @@ from flight_profiler.report.census import CensusFormatError, parse_census
 from flight_profiler.report.jsonstream import (
     NotRegularFile,
     TraceFormatError,
+    open_regular,
     open_text_bytes,
 )
 from flight_profiler.report.models import InputResult
@@ -32,6 +33,7 @@ MAX_SNIFF = 64 * 1024
 # pickle of a big job tens of MB. Above them a file is refused, not read until memory runs out.
 MAX_CENSUS_BYTES = 64 << 20
 MAX_PICKLE_BYTES = int(os.environ.get("FP_REPORT_MAX_PICKLE_MB", "128") or 128) << 20
+PICKLE_BASE_BUDGET = 200 << 20
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.trace.json", "*.trace.json.gz")
 
 
@@ -165,10 +167,28 @@ def _devices(meta: dict[str, Any]) -> list[dict[str, Any]]:
             for p in props if isinstance(p, dict)]
 
 
+def _pickle_budget(path: str) -> int:
+    """Address space a snapshot may take while unpickled: real ones need about 10x their
+    (decompressed) size; gzip shrinks them about 5x."""
+    size = os.path.getsize(path)
+    with open_regular(path) as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            size *= 5
+    override = os.environ.get("FP_REPORT_PICKLE_MEMORY_MB")
+    if override and override.isdigit():
+        return int(override) << 20
+    return PICKLE_BASE_BUDGET + 12 * min(size, MAX_PICKLE_BYTES)
+
+
 def _load_snapshot(path: str) -> InputResult:
     try:
         with open_text_bytes(path) as fh:
-            parsed = parse_snapshot(limited(fh, MAX_PICKLE_BYTES), path, os.path.getmtime(path))
+            parsed = parse_snapshot(limited(fh, MAX_PICKLE_BYTES), path, os.path.getmtime(path),
+                                    _pickle_budget(path))
+    except MemoryError:
+        return InputResult(path, "snapshot", False,
+                           "needs more memory to unpickle than a snapshot of its size would: "
+                           "refused (set FP_REPORT_PICKLE_MEMORY_MB=N if it is a real snapshot)")
     except TooLarge:
         return InputResult(path, "snapshot", False,
                            f"larger than {MAX_PICKLE_BYTES >> 20} MB (decompressed): refused to "

@@ -78,9 +78,46 @@ def limited(stream: IO[bytes], limit: int) -> IO[bytes]:
     return _Limited(stream, limit)  # type: ignore[return-value]
 
 
-def safe_loads(data: bytes | IO[bytes]) -> Any:
+def safe_loads(data: bytes | IO[bytes], budget: int | None = None) -> Any:
+    """Unpickle with the restricted unpickler; with ``budget``, under a memory cap.
+
+    A pickle's size says little about its memory: each one-byte EMPTY_DICT opcode is a 64-byte
+    dict. So the address space this process may grow by while unpickling is capped
+    (RLIMIT_AS, restored afterwards); past it, MemoryError, which the caller reports.
+    """
     stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
-    return _Restricted(stream).load()
+    with _address_space_cap(budget):
+        return _Restricted(stream).load()
+
+
+class _address_space_cap:
+    def __init__(self, budget: int | None) -> None:
+        self._budget = budget
+        self._saved: tuple[int, int] | None = None
+
+    def __enter__(self) -> None:
+        if self._budget is None:
+            return
+        try:
+            import resource
+
+            with open("/proc/self/statm") as fh:
+                vm = int(fh.read().split()[0]) * resource.getpagesize()
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            cap = vm + self._budget
+            if hard != resource.RLIM_INFINITY:
+                cap = min(cap, hard)
+            if soft == resource.RLIM_INFINITY or cap < soft:
+                resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+                self._saved = (soft, hard)
+        except (ImportError, OSError, ValueError):
+            self._saved = None  # not Linux: no cap, the size limit still holds
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._saved is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, self._saved)
 
 
 def looks_like_pickle(head: bytes) -> bool:

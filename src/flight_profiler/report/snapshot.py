@@ -70,9 +70,11 @@ def _expandable(settings: dict[str, Any]) -> bool | None:
     return None
 
 
-def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float) -> dict[str, Any]:
-    """Unpickle safely and normalise; raises SnapshotFormatError if it is not a snapshot."""
-    obj = safe_loads(data)
+def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
+                   budget: int | None = None) -> dict[str, Any]:
+    """Unpickle safely (under ``budget`` bytes of new address space) and normalise; raises
+    SnapshotFormatError if it is not a snapshot."""
+    obj = safe_loads(data, budget)
     if isinstance(obj, list):  # legacy: a bare list of segments
         obj = {"segments": obj, "device_traces": [], "allocator_settings": {}}
     if not isinstance(obj, dict) or "segments" not in obj or not isinstance(obj["segments"], list):

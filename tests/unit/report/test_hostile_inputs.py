@@ -120,6 +120,14 @@ def test_pickle_asking_for_a_huge_bytearray_is_refused(tmp_path: Path) -> None:
     assert_clean_refusal(r, reason="refused to load builtins.bytearray")
 
 
+def test_pickle_of_millions_of_empty_dicts_is_refused_under_a_memory_cap(tmp_path: Path) -> None:
+    # One byte of pickle ("}") is a 64-byte dict: 6 MB of them would be 430 MB of objects.
+    p = tmp_path / "dicts.pickle"
+    p.write_bytes(b"\x80\x04(" + b"}" * 6_000_000 + b"l.")
+    r = run_report(tmp_path, str(p))
+    assert_clean_refusal(r, reason="needs more memory to unpickle")
+
+
 def test_gzip_of_zeros_is_refused_without_reading_it_all(tmp_path: Path) -> None:
     p = _gzip(tmp_path / "zeros.json.gz", [bytes(1 << 20)], repeat=512)
     r = run_report(tmp_path, str(p))
