@@ -23,7 +23,13 @@ from flight_profiler.report.jsonstream import (
     open_text_bytes,
 )
 from flight_profiler.report.models import InputResult
-from flight_profiler.report.safe_pickle import TooLarge, UnsafePickle, limited, looks_like_pickle
+from flight_profiler.report.safe_pickle import (
+    TooLarge,
+    UnsafePickle,
+    address_space_cap,
+    limited,
+    looks_like_pickle,
+)
 from flight_profiler.report.snapshot import SnapshotFormatError, parse_snapshot
 from flight_profiler.report.trace_loader import load_trace
 from flight_profiler.report.trace_metrics import trace_metrics
@@ -31,7 +37,7 @@ from flight_profiler.report.trace_metrics import trace_metrics
 MAX_SNIFF = 64 * 1024
 # Bounds on what is read whole (decompressed bytes): a census is a few MB at most; a snapshot
 # pickle of a big job tens of MB. Above them a file is refused, not read until memory runs out.
-MAX_CENSUS_BYTES = 64 << 20
+MAX_CENSUS_BYTES = 16 << 20
 MAX_PICKLE_BYTES = int(os.environ.get("FP_REPORT_MAX_PICKLE_MB", "128") or 128) << 20
 PICKLE_BASE_BUDGET = 200 << 20
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.trace.json", "*.trace.json.gz")
@@ -132,9 +138,15 @@ def _load(path: str) -> InputResult:
                            f"(starts with {head[:16]!r})")
     if b'"flight_profiler.census"' in head:
         try:
-            data = parse_census(_read_all(path, MAX_CENSUS_BYTES, "tensor census").decode("utf-8"))
+            text = _read_all(path, MAX_CENSUS_BYTES, "tensor census").decode("utf-8")
+            # Real censuses (strings and numbers) take a few times their size once parsed.
+            with address_space_cap((64 << 20) + 8 * len(text)):
+                data = parse_census(text)
         except (CensusFormatError, UnicodeDecodeError, TraceFormatError) as exc:
             return InputResult(path, "census", False, f"bad tensor census: {exc}")
+        except MemoryError:
+            return InputResult(path, "census", False,
+                               "bad tensor census: needs far more memory than its size")
         return InputResult(path, "census", True, data=data)
     try:
         raw = load_trace(path)

@@ -86,11 +86,15 @@ def safe_loads(data: bytes | IO[bytes], budget: int | None = None) -> Any:
     (RLIMIT_AS, restored afterwards); past it, MemoryError, which the caller reports.
     """
     stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
-    with _address_space_cap(budget):
+    with address_space_cap(budget):
         return _Restricted(stream).load()
 
 
-class _address_space_cap:
+class address_space_cap:
+    """While inside, this process may grow by at most ``budget`` bytes of address space
+    (RLIMIT_AS, restored on exit; Linux only, else no cap); past it allocations fail with
+    MemoryError."""
+
     def __init__(self, budget: int | None) -> None:
         self._budget = budget
         self._saved: tuple[int, int] | None = None

@@ -130,7 +130,7 @@ def load_trace(path: str) -> RawTrace:
     raw = RawTrace(path)
     with open_text_bytes(path) as stream:
         compressed = not isinstance(stream, io.BufferedReader)
-        with ReadAhead(stream) if compressed else contextlib.nullcontext(stream) as src:
+        with ReadAhead(stream, chunk=2 << 20, depth=4) if compressed else contextlib.nullcontext(stream) as src:
             try:
                 _consume(raw, iter_batches(src, raw.meta.__setitem__))  # type: ignore[arg-type]
                 return raw

@@ -139,11 +139,11 @@ def test_census_holding_one_huge_string_is_refused(tmp_path: Path) -> None:
     head = b'{"format": "flight_profiler.census", "version": 1, "totals": {}, "label": "'
     p = _gzip(tmp_path / "census.json.gz", [head, b"a" * (1 << 20)], repeat=1)
     with gzip.open(p, "ab", compresslevel=1) as fh:
-        for _ in range(100):
+        for _ in range(20):
             fh.write(b"a" * (1 << 20))
         fh.write(b'"}')
     r = run_report(tmp_path, str(p))
-    assert_clean_refusal(r, reason="larger than 64 MB")
+    assert_clean_refusal(r, reason="larger than 16 MB")
 
 
 def test_trace_with_one_huge_string_is_refused_in_linear_time(tmp_path: Path) -> None:
@@ -157,6 +157,13 @@ def test_trace_with_one_huge_string_is_refused_in_linear_time(tmp_path: Path) ->
     r = run_report(tmp_path, str(p))
     assert_clean_refusal(r, reason="larger than 32 MB")
     assert r.seconds < 25, r.seconds
+
+
+def test_census_of_millions_of_empty_objects_is_refused_under_a_memory_cap(tmp_path: Path) -> None:
+    p = tmp_path / "objects.json"
+    p.write_text('{"format": "flight_profiler.census", "version": 1, "totals": {}, "groups": ['
+                 + "{}," * 5_000_000 + "{}]}")
+    assert_clean_refusal(run_report(tmp_path, str(p)), reason="needs far more memory")
 
 
 def test_dev_zero_is_refused_at_once(tmp_path: Path) -> None:
