@@ -147,21 +147,21 @@ def operator_self_times(
     total_us = [0.0] * len(names)
     self_total = [0.0] * len(names)
     # Sample every k-th operator so that the tiny ones kept are spread over the whole trace.
-    total = sum(th.kind.count(CPU_OP) for th in raw.threads.values())
+    total = sum(len(th.ops) for th in raw.threads.values())
     stride = max(1, total // max_samples) if max_samples else 0
     seen = 0
     inf = float("inf")
     for key, th in raw.threads.items():
-        ts, end, nm, kind = th.ts, th.end, th.name, th.kind
+        ts, end, nm = th.ts, th.end, th.name
         stack: list[list[float]] = []  # [end, name id, duration, children, start]
-        # A sentinel (-1, at +inf) closes what is still open.
-        for i in chain(_order(th), (-1,)):
-            if i >= 0:
-                if kind[i] != CPU_OP:
-                    continue
-                t0 = ts[i]
-            else:
-                t0 = inf
+        # Operators only, by start (the longer first at equal starts); a sentinel (-1, at
+        # +inf) closes what is still open.
+        ops: Sequence[int] = th.ops
+        if not th.sorted:
+            ops = sorted(ops, key=end.__getitem__, reverse=True)
+            ops.sort(key=ts.__getitem__)
+        for i in chain(ops, (-1,)):
+            t0 = ts[i] if i >= 0 else inf
             while stack and stack[-1][0] <= t0:
                 _e, nid_f, dur_, child, start = stack.pop()
                 nid = int(nid_f)

@@ -65,6 +65,8 @@ class ThreadIntervals:
     end: array[float] = field(default_factory=lambda: array("d"))
     name: array[int] = field(default_factory=lambda: array("l"))
     kind: array[int] = field(default_factory=lambda: array("b"))
+    # Indices of the cpu_op spans (in file order): self times walk only these.
+    ops: array[int] = field(default_factory=lambda: array("q"))
     sorted: bool = True
     order: list[int] | None = None
 
@@ -260,6 +262,7 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                     i = name_ids.get(name)
                     th.name.append(intern(name) if i is None else i)
                     if cat == "cpu_op":
+                        th.ops.append(len(th.kind))
                         th.kind.append(CPU_OP)
                         if name in SCALAR_OPS:
                             raw.scalar_ops.append((key, ts, end - ts, name))
