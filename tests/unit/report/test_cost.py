@@ -126,3 +126,15 @@ def test_every_performance_finding_has_a_cost_and_findings_are_ranked_by_it() ->
     doc = json.loads(report.to_json())
     costs = {f["rule"]: f["cost"] for f in doc["findings"]}
     assert all(set(costs[r]) == {"pct", "us", "of", "method"} for r in PERFORMANCE if r in costs)
+
+
+# HTA 0.5.0 TraceAnalysis.get_comm_comp_overlap (HTA_DISABLE_NS_ROUNDING=1), one trace per run,
+# on the shared fixtures: the share of communication time that compute kernels overlap.
+HTA_COMM_COMP_OVERLAP = {"gpu_train_test.json.gz": 68.8, "gpu_train_control.json.gz": 47.03,
+                         "gpu_sampled_rank0.json.gz": 11.81, "gpu_sampled_rank1.json.gz": 20.05}
+
+
+@pytest.mark.parametrize("name", sorted(HTA_COMM_COMP_OVERLAP))
+def test_communication_overlap_matches_hta(name: str) -> None:
+    c = analyze([str(TRACES / name)]).inputs[0].data["communication"]
+    assert c["overlapped_pct"] == pytest.approx(HTA_COMM_COMP_OVERLAP[name], abs=0.5)
