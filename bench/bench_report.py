@@ -1,7 +1,10 @@
-"""Time and peak memory of ``flight_profiler report`` on a synthetic 1 M-event GPU trace.
+"""Time and peak memory of ``flight_profiler report`` on a 1 M-event GPU trace.
 
-    python bench/bench_report.py [--events 1000000] [--trace PATH] [--repeat 1]
-    FP_HTA_PYTHON=/work/hta-venv/bin/python python bench/bench_report.py   # adds HTA
+    python bench/bench_report.py [--from REAL.json.gz --copies 10 | --events N | --trace PATH]
+    FP_HTA_PYTHON=/tmp/hta/bin/python python bench/bench_report.py   # adds HTA and parity
+
+The trace is, by default, 10 time-shifted copies of a real GPU trace (gpu_train_control from
+../shared/fixtures/traces, ~1.09 M events, 300 MB of JSON), else a synthetic one of --events.
 
 Each contender runs in its own process (so peak RSS is its own) on the same file, in one run:
 - flight_profiler: ``analyze([trace])`` (streaming load, every metric and rule);
@@ -24,6 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+REAL = REPO.parent / "shared" / "fixtures" / "traces" / "gpu_train_control.json.gz"
 
 _MEASURE = """
 import json, resource, sys, time
@@ -40,7 +44,7 @@ CONTENDERS = {
         "from flight_profiler.report import analyze\n"
         "r = analyze([path])\n"
         "b = r.inputs[0].data.get('gpu_time_breakdown') or {}\n"
-        "check = [r.inputs[0].ok, b.get('idle_pct'), len(r.findings)]"
+        "check = [b.get('idle_pct'), b.get('compute_pct'), b.get('non_compute_pct'), len(r.findings)]"
     ),
     "json.load": (
         "import gzip\n"
@@ -53,7 +57,8 @@ CONTENDERS = {
         "from hta.trace_analysis import TraceAnalysis\n"
         "ta = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(path))\n"
         "df = ta.get_temporal_breakdown(visualize=False)\n"
-        "check = [float(df['idle_time_pctg'][0])]"
+        "check = [float(df[c][0]) for c in ('idle_time_pctg', 'compute_time_pctg',"
+        " 'non_compute_time_pctg')]"
     ),
 }
 
@@ -72,18 +77,29 @@ def run(python: str, name: str, path: str, timeout: float = 900.0) -> dict[str, 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--from", dest="source", default=str(REAL) if REAL.exists() else None,
+                   help="tile this real trace (default: the shared gpu_train_control fixture)")
+    p.add_argument("--copies", type=int, default=10)
+    p.add_argument("--synthetic", action="store_true", help="generate instead of tiling")
     p.add_argument("--trace", help="use this trace instead of generating one")
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args()
     path = a.trace
     if path is None:
         sys.path.insert(0, str(HERE))
-        from gen_trace import generate
+        from gen_trace import generate, tile
 
-        path = os.path.join(tempfile.gettempdir(), f"fp_bench_{a.events}.json.gz")
-        if not os.path.exists(path):
-            n = generate(path, a.events)
-            print(f"generated {path} ({n} events, {os.path.getsize(path) >> 20} MiB gz)")
+        if a.source and not a.synthetic:
+            path = os.path.join(tempfile.gettempdir(), f"fp_bench_tiled_{a.copies}.json")
+            if not os.path.exists(path):
+                n = tile(path, a.source, a.copies)
+                print(f"tiled {a.copies} copies of {a.source}: {n} events, "
+                      f"{os.path.getsize(path) >> 20} MiB")
+        else:
+            path = os.path.join(tempfile.gettempdir(), f"fp_bench_{a.events}.json")
+            if not os.path.exists(path):
+                n = generate(path, a.events)
+                print(f"generated {path} ({n} events, {os.path.getsize(path) >> 20} MiB)")
     names = ["flight_profiler", "json.load"]
     hta = os.environ.get("FP_HTA_PYTHON")
     if hta:
@@ -103,6 +119,14 @@ def main() -> None:
         print(f"{name:16s} wall {r['wall_s']:7.2f} s  cpu {r['cpu_s']:7.2f} s  "
               f"peak RSS {r['peak_rss_mb']:7.1f} MB  check {r['check']}")
     ours = best.get("flight_profiler")
+    hta_r = best.get("HTA")
+    if ours and hta_r:
+        pairs = list(zip(ours["check"][:3], hta_r["check"]))  # type: ignore[index]
+        diff = max(abs(float(a) - float(b)) for a, b in pairs)
+        print(f"HTA parity idle/compute/other: ours {[round(float(a), 2) for a, _ in pairs]} "
+              f"HTA {[round(float(b), 2) for _, b in pairs]}: max difference {diff:.2f} pp")
+    elif not hta:
+        print("HTA: skipped (set FP_HTA_PYTHON to a Python with HolisticTraceAnalysis installed)")
     if ours:
         for name, r in best.items():
             if name != "flight_profiler":

@@ -1,6 +1,11 @@
 """Write a synthetic GPU Chrome trace shaped like torch.profiler's export (for benchmarks).
 
     python bench/gen_trace.py OUT.json[.gz] [--events 1000000] [--seed 0] [--leak]
+    python bench/gen_trace.py OUT.json --from REAL.json.gz --copies 10
+
+The second form tiles a real trace: N copies one after the other in time, with their
+correlation, flow and step ids shifted so that each copy stays a distinct set of steps (the
+GPU figures of the result are those of the original, give or take the seams).
 
 Each training step has what a real GPU trace has (torch-formats.md): a ProfilerStep#N and a
 DataLoader ``__next__`` user annotation, python_function frames (with_stack), cpu_op
@@ -156,14 +161,58 @@ def generate(path: str, events: int = 1_000_000, seed: int = 0, leak: bool = Fal
     return w.count
 
 
+def tile(path: str, source: str, copies: int) -> int:
+    """Write ``copies`` time-shifted copies of the real trace ``source`` to ``path``."""
+    with gzip.open(source, "rt") if source.endswith(".gz") else open(source) as fh:
+        doc = json.load(fh)
+    events = doc["traceEvents"]
+    ts = [float(e["ts"]) for e in events if isinstance(e.get("ts"), (int, float))]
+    t0 = min(ts)
+    span = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events
+               if isinstance(e.get("ts"), (int, float))) - t0
+    shift_ids = 1 + max([int(e.get("args", {}).get("correlation", 0) or 0) for e in events]
+                        + [int(e["id"]) for e in events if isinstance(e.get("id"), int)])
+    steps = 1 + max([int(e["name"].split("#")[1]) for e in events
+                     if str(e.get("name", "")).startswith("ProfilerStep#")] or [0])
+    opener = gzip.open if path.endswith(".gz") else open
+    n = 0
+    with opener(path, "wt", encoding="utf-8") as out:  # type: ignore[operator]
+        out.write("{\n")
+        for k, v in doc.items():
+            if k != "traceEvents":
+                out.write(f"  {json.dumps(k)}: {json.dumps(v)},\n")
+        out.write('  "traceEvents": [\n')
+        w = _Writer(out)
+        for c in range(copies):
+            dt, did = c * (span + 1000.0), c * shift_ids
+            for e in events:
+                e = dict(e)
+                if isinstance(e.get("ts"), (int, float)) and e.get("ph") != "M":
+                    e["ts"] = e["ts"] + dt
+                if isinstance(e.get("id"), int):
+                    e["id"] = e["id"] + did
+                args = e.get("args")
+                if isinstance(args, dict) and isinstance(args.get("correlation"), int):
+                    e["args"] = dict(args, correlation=args["correlation"] + did)
+                name = e.get("name")
+                if isinstance(name, str) and name.startswith("ProfilerStep#"):
+                    e["name"] = f"ProfilerStep#{int(name.split('#')[1]) + c * steps}"
+                w.ev(e)
+                n += 1
+        out.write("\n  ]\n}\n")
+    return n
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out")
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--leak", action="store_true")
+    p.add_argument("--from", dest="source", help="tile this real trace instead of synthesising")
+    p.add_argument("--copies", type=int, default=10)
     a = p.parse_args()
-    n = generate(a.out, a.events, a.seed, a.leak)
+    n = tile(a.out, a.source, a.copies) if a.source else generate(a.out, a.events, a.seed, a.leak)
     print(f"wrote {n} events to {a.out}")
 
 

@@ -29,6 +29,14 @@ could be read, 9 a finding reached --fail-on, 2 usage. Rules: docs/report-rules.
 """
 
 
+_HINT = "Pass Chrome traces (.json/.json.gz), snapshot pickles or tensor census files."
+
+
+def _printable(path: str) -> str:
+    """A path on one line: a newline in a file name must not split the message."""
+    return path if path.isprintable() else repr(path)[1:-1]
+
+
 @click.command("report", epilog=_EPILOG)
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]),
@@ -46,12 +54,16 @@ def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json:
     if as_json:
         fmt = "json"
     result = analyze(list(files))
+    if not result.readable and len(result.errors) == 1:
+        # One unreadable input: its reason is the error itself, said once.
+        (bad,) = result.errors
+        raise BadInputFile(f"{_printable(bad.path)}: {bad.error}", _HINT)
     for bad in result.errors:
-        click.echo(f"warning: {bad.path}: {bad.error}", err=True)
+        click.echo(f"warning: {_printable(bad.path)}: {bad.error}", err=True)
     if not result.readable:
-        names = ", ".join(b.path for b in result.errors) or "no input"
-        raise BadInputFile(f"no input could be read ({names})",
-                           "Pass Chrome traces (.json/.json.gz), snapshot pickles or tensor census files.")
+        names = ", ".join(_printable(b.path) for b in result.errors[:5]) or "no input"
+        more = f" and {len(result.errors) - 5} more" if len(result.errors) > 5 else ""
+        raise BadInputFile(f"no input could be read ({names}{more})", _HINT)
     if output:
         try:
             written = result.write(output, fmt)

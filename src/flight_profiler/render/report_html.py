@@ -118,6 +118,9 @@ def render_html(report: Report) -> str:
                  f"<code>{escape(f.rule)}</code> "
                  + (f"[{escape(ranks_label(f.ranks))}] " if f.ranks is not None else "")
                  + f"<b>{_rich(f.title)}</b></p><p>{_rich(f.summary)}</p>")
+        if f.cost is not None:
+            P.append(f"<p>Cost: {f.cost.pct:.1f}% of {escape(f.cost.of)} ({f.cost.us / 1000:.2f} ms), "
+                     f"estimated as {escape(f.cost.method)}.</p>")
         if f.evidence:
             P.append("<ul>" + "".join(f"<li>{_rich(e)}</li>" for e in f.evidence) + "</ul>")
         if f.where:

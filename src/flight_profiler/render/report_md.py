@@ -51,8 +51,9 @@ def render_markdown(report: Report) -> str:
         L += [quiet_text(report), ""]
     else:
         L += _table([{"severity": _ICON[f.severity], "rule": f"`{f.rule}`", "finding": f.title,
+                      "cost": f"{f.cost.pct:.1f}% of {f.cost.of}" if f.cost is not None else "-",
                       "input": ", ".join(p.rsplit("/", 1)[-1] for p in f.inputs[:3])}
-                     for f in problems], ["severity", "rule", "finding", "input"])
+                     for f in problems], ["severity", "rule", "finding", "cost", "input"])
 
     L += [f"## {memory_heading(report)}", ""]
     mem = memory_rows(report)
@@ -78,6 +79,9 @@ def render_markdown(report: Report) -> str:
         who = ranks_label(f.ranks)
         L.append(f"### [{_ICON[f.severity]}] `{f.rule}`{f' ({who})' if who else ''}: {f.title}")
         L += ["", f.summary, ""]
+        if f.cost is not None:
+            L += [f"Cost: {f.cost.pct:.1f}% of {f.cost.of} ({f.cost.us / 1000:.2f} ms), "
+                  f"estimated as {f.cost.method}.", ""]
         L += [f"- {e}" for e in f.evidence]
         if f.where:
             L += ["", "Where:", ""] + [f"- `{w}`" for w in f.where]

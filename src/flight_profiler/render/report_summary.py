@@ -2,10 +2,62 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from flight_profiler.report.models import Report
+from flight_profiler.report.models import InputResult, Report
 from flight_profiler.report.units import fmt_bytes, fmt_pct, fmt_us
+
+_VOID = re.compile(r"(^|\s)void\s+")
+_NS = re.compile(r"\b(?:at::native::|at::|c10::|cutlass::|cub::)")
+_ANON = re.compile(r"\(anonymous namespace\)::")
+
+
+def trace_label(inp: InputResult) -> str:
+    return inp.name + (f" (rank {inp.rank})" if inp.kind == "trace" and inp.rank is not None else "")
+
+
+def _drop_nested(text: str, open_c: str, close_c: str, keep: str) -> str:
+    """Replace every outermost ``open_c ... close_c`` by ``keep`` (template or argument lists)."""
+    out: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == open_c:
+            if depth == 0:
+                out.append(keep)
+            depth += 1
+        elif ch == close_c and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def short_name(name: str, width: int) -> str:
+    """A kernel or operator name that fits ``width``: no ``void``, no argument list, template
+    arguments folded to ``<...>`` and common namespaces dropped when it is too long."""
+    if len(name) <= width:
+        return name
+    s = _ANON.sub("", _VOID.sub(r"\1", name))
+    if len(s) > width:
+        s = _drop_nested(s, "(", ")", "")
+    if len(s) > width:
+        s = _drop_nested(s, "<", ">", "<...>")
+    if len(s) > width:
+        s = _NS.sub("", s)
+    if len(s) > width:
+        s = s[: max(1, width - 3)] + "..."
+    return s
+
+
+def fit_line(line: str, width: int) -> str:
+    """``name: figures`` made to fit by shortening the name, the figures kept whole."""
+    if len(line) <= width:
+        return line
+    head, sep, tail = line.rpartition(": ")
+    if sep and len(tail) + 12 < width:
+        return short_name(head, width - len(tail) - 2) + ": " + tail
+    return short_name(line, width)
 
 
 def memory_rows(report: Report) -> list[dict[str, str]]:

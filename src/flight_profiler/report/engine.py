@@ -1,5 +1,5 @@
 """``analyze(paths) -> Report``: read every input, group snapshots/censuses into series per
-process, run every registered rule, and order the findings by severity."""
+process, run every registered rule, and order the findings by severity, then by cost."""
 
 from __future__ import annotations
 
@@ -101,5 +101,7 @@ def analyze(paths: Iterable[str], jobs: int | None = None) -> Report:
     for rule in all_rules():
         findings.extend(rule.check(ctx))
     tag_ranks(inputs, findings)
-    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.rule))
+    # Worst first; within a severity, the costliest first (memory findings, with no time
+    # cost, after the performance findings they share a severity with).
+    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], -f.cost_pct, f.rule))
     return Report(inputs=inputs, findings=findings, series=_series_data(ctx))

@@ -14,20 +14,56 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import os
+import re
+import stat
 from collections.abc import Iterator
 from typing import IO, Any, Callable
 
 CHUNK = 1 << 20
 _WS = " \t\r\n"
+_NOT_WS = re.compile(r"[^ \t\r\n]")
+# No event or top-level value of a real trace comes near this; a hostile file with one huge
+# string would otherwise make the window (and each retried decode of it) grow without bound.
+MAX_VALUE_CHARS = 32 << 20
+# Top-level values other than traceEvents are kept for the caller only when this small.
+MAX_META_CHARS = 1 << 20
 
 
 class TraceFormatError(ValueError):
     """The file is not a well-formed Chrome trace (truncated, corrupt or another format)."""
 
 
+class NotRegularFile(OSError):
+    """A FIFO, device or socket: reading it could block forever or never end."""
+
+
+def open_regular(path: str) -> IO[bytes]:
+    """Open a regular file for binary reading; refuse FIFOs and devices without blocking.
+
+    O_NONBLOCK makes opening a FIFO with no writer return at once; fstat on the opened
+    descriptor (not the name) decides, so the check cannot be raced.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "is a directory", path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                    "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise NotRegularFile(f"{kind}, not a regular file: save it to a file first")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def open_text_bytes(path: str) -> IO[bytes]:
     """Open ``path`` for binary reading, transparently gunzipping ``.gz`` files (by magic)."""
-    raw = open(path, "rb")  # noqa: SIM115 - handed to the caller, who closes it
+    raw = open_regular(path)
     magic = raw.read(2)
     raw.seek(0)
     if magic == b"\x1f\x8b":
@@ -71,12 +107,13 @@ class _Buffer:
         """Skip whitespace; return the next character ('' at end of input)."""
         while True:
             text, pos = self.text, self.pos
-            n = len(text)
-            while pos < n and text[pos] in _WS:
-                pos += 1
-            self.pos = pos
-            if pos < n:
+            if pos < len(text) and text[pos] not in _WS:
                 return text[pos]
+            m = _NOT_WS.search(text, pos)
+            if m is not None:
+                self.pos = m.start()
+                return text[self.pos]
+            self.pos = len(text)
             if not self.more():
                 return ""
 
@@ -99,12 +136,21 @@ class _Buffer:
                 obj, end = decode(self.text, self.pos)
             except json.JSONDecodeError as exc:
                 # Incomplete at the end of the window: read more and retry; else it is corrupt.
+                if len(self.text) - self.pos > MAX_VALUE_CHARS:
+                    raise TraceFormatError(
+                        f"a value at character {self.consumed + self.pos} is larger than "
+                        f"{MAX_VALUE_CHARS >> 20} MB: not a profiler trace") from None
                 if self.more():
                     continue
                 raise TraceFormatError(
                     f"invalid JSON at character {self.consumed + exc.pos}: {exc.msg}"
                     + (" (the file looks truncated)" if exc.pos >= len(self.text) - 1 else "")
                 ) from None
+            except (ValueError, RecursionError) as exc:
+                # int() refuses numbers over 4300 digits; deep nesting exhausts the C stack.
+                why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise TraceFormatError(
+                    f"invalid JSON at character {self.consumed + self.pos}: {why}") from None
             # A bare number could have been cut by the window edge: make sure it ended.
             if (end >= len(self.text) and not self.eof
                     and not isinstance(obj, (dict, list, str)) and self.more()):
@@ -151,9 +197,13 @@ def iter_trace(
                 seen_events = True
                 yield from _iter_array(buf, decode, counts)
             else:
+                start = buf.consumed + buf.pos
                 val = buf.value(decode)
-                if on_meta is not None:
+                if buf.consumed + buf.pos - start > MAX_META_CHARS:
+                    counts["meta_skipped"] = counts.get("meta_skipped", 0) + 1
+                elif on_meta is not None:
                     on_meta(key, val)
+                del val
             if buf.expect(",}") == "}":
                 break
     if not seen_events:
@@ -182,7 +232,7 @@ def _iter_array(buf: _Buffer, decode: Callable[[str, int], tuple[Any, int]],
                 continue
         try:
             obj, end = decode(text, pos)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # incomplete, or hostile: the slow path decides
             obj = buf.value(decode)
         else:
             if end >= len(text) and not isinstance(obj, dict):

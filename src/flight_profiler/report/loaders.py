@@ -8,7 +8,7 @@ One unreadable file becomes an ``InputResult(ok=False, error=...)``; the others 
 from __future__ import annotations
 
 import glob
-import gzip
+import io
 import os
 import pickle
 import time
@@ -17,15 +17,31 @@ from typing import Any
 
 from flight_profiler.report.census import CensusFormatError, parse_census
 from flight_profiler.report.job_metrics import job_metrics
-from flight_profiler.report.jsonstream import TraceFormatError
+from flight_profiler.report.jsonstream import (
+    NotRegularFile,
+    TraceFormatError,
+    open_regular,
+    open_text_bytes,
+)
 from flight_profiler.report.models import InputResult
 from flight_profiler.report.rank_stacks import StacksFormatError, parse_stacks
-from flight_profiler.report.safe_pickle import UnsafePickle, looks_like_pickle
+from flight_profiler.report.safe_pickle import (
+    TooLarge,
+    UnsafePickle,
+    address_space_cap,
+    limited,
+    looks_like_pickle,
+)
 from flight_profiler.report.snapshot import SnapshotFormatError, parse_snapshot
 from flight_profiler.report.trace_loader import load_trace
 from flight_profiler.report.trace_metrics import trace_metrics
 
 MAX_SNIFF = 64 * 1024
+# Bounds on what is read whole (decompressed bytes): a census is a few MB at most; a snapshot
+# pickle of a big job tens of MB. Above them a file is refused, not read until memory runs out.
+MAX_CENSUS_BYTES = 16 << 20
+MAX_PICKLE_BYTES = int(os.environ.get("FP_REPORT_MAX_PICKLE_MB", "128") or 128) << 20
+PICKLE_BASE_BUDGET = 200 << 20
 TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.trace.json", "*.trace.json.gz")
 
 
@@ -66,33 +82,47 @@ def _distinct_files(paths: list[str]) -> list[str]:
 
 
 def _head(path: str) -> tuple[bytes, bool]:
-    with open(path, "rb") as fh:
-        head = fh.read(MAX_SNIFF)
-    if head[:2] == b"\x1f\x8b":
+    with open_text_bytes(path) as fh:
+        gz = not isinstance(fh, io.BufferedReader)
         try:
-            with gzip.open(path, "rb") as gz:
-                return gz.read(MAX_SNIFF), True
+            return fh.read(MAX_SNIFF), gz
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(f"corrupt gzip data: {exc}") from None
-    return head, False
 
 
-def _read_all(path: str, gz: bool) -> bytes:
-    if gz:
+def _read_all(path: str, limit: int, what: str) -> bytes:
+    """The whole (decompressed) content, refused beyond ``limit`` bytes."""
+    with open_text_bytes(path) as fh:
         try:
-            with gzip.open(path, "rb") as fh:
-                return fh.read()
+            data = fh.read(limit + 1)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(f"corrupt or truncated gzip data: {exc}") from None
-    with open(path, "rb") as fh:
-        return fh.read()
+    if len(data) > limit:
+        raise TraceFormatError(f"larger than {limit >> 20} MB (decompressed): not a {what}")
+    return data
 
 
 def load_one(path: str) -> InputResult:
+    """Read one input; every failure becomes ``ok=False`` with a one-line reason."""
     t0 = time.perf_counter()
-    result = _load(path)
+    try:
+        result = _load(path)
+    except MemoryError:
+        result = InputResult(path, "unknown", False, "ran out of memory reading it")
+    except RecursionError:
+        result = InputResult(path, "unknown", False, "nested too deeply to be a profiler artefact")
+    except Exception as exc:  # a hostile file must never end the whole report
+        result = InputResult(path, "unknown", False,
+                             f"unreadable ({type(exc).__name__}: {exc}); please report this file")
+    if result.error:
+        result.error = _one_line(result.error)
     result.elapsed_s = time.perf_counter() - t0
     return result
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = "".join(c if c.isprintable() else " " for c in text)
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _load(path: str) -> InputResult:
@@ -100,23 +130,27 @@ def _load(path: str) -> InputResult:
         return InputResult(path, "unknown", False,
                            "a directory with no *.pt.trace.json[.gz], snapshot or census in it")
     try:
-        head, gz = _head(path)
+        head, _gz = _head(path)
     except FileNotFoundError:
         return InputResult(path, "unknown", False, "no such file")
     except PermissionError:
         return InputResult(path, "unknown", False, "permission denied")
     except IsADirectoryError:
         return InputResult(path, "unknown", False, "is a directory")
-    except (OSError, TraceFormatError) as exc:
+    except NotRegularFile as exc:
+        return InputResult(path, "unknown", False, str(exc))
+    except OSError as exc:
+        return InputResult(path, "unknown", False, exc.strerror or str(exc))
+    except TraceFormatError as exc:
         return InputResult(path, "unknown", False, str(exc))
     if not head.strip():
         return InputResult(path, "unknown", False, "the file is empty")
     if looks_like_pickle(head):
-        return _load_snapshot(path, gz)
+        return _load_snapshot(path)
     stripped = head.lstrip()
     if stripped[:1] not in (b"{", b"["):
         # Old pickle protocols have no header: the restricted unpickler is safe to try.
-        attempt = _load_snapshot(path, gz)
+        attempt = _load_snapshot(path)
         if attempt.ok or "refused to load" in (attempt.error or ""):
             return attempt
         return InputResult(path, "unknown", False,
@@ -124,12 +158,18 @@ def _load(path: str) -> InputResult:
                            f"(starts with {head[:16]!r})")
     if b'"flight_profiler.census"' in head:
         try:
-            data = parse_census(_read_all(path, gz).decode("utf-8"))
+            text = _read_all(path, MAX_CENSUS_BYTES, "tensor census").decode("utf-8")
+            # Real censuses (strings and numbers) take a few times their size once parsed.
+            with address_space_cap((64 << 20) + 8 * len(text)):
+                data = parse_census(text)
         except (CensusFormatError, UnicodeDecodeError, TraceFormatError) as exc:
             return InputResult(path, "census", False, f"bad tensor census: {exc}")
+        except MemoryError:
+            return InputResult(path, "census", False,
+                               "bad tensor census: needs far more memory than its size")
         return InputResult(path, "census", True, data=data)
     if b'"flight_profiler.rank_stacks"' in head:
-        return _load_stacks(path, gz)
+        return _load_stacks(path)
     try:
         raw = load_trace(path)
     except TraceFormatError as exc:
@@ -147,9 +187,9 @@ def _load(path: str) -> InputResult:
     return InputResult(path, "trace", True, data=metrics, rank=rank)
 
 
-def _load_stacks(path: str, gz: bool) -> InputResult:
+def _load_stacks(path: str) -> InputResult:
     try:
-        data = parse_stacks(_read_all(path, gz).decode("utf-8"))
+        data = parse_stacks(_read_all(path, MAX_CENSUS_BYTES, "rank stacks file").decode("utf-8"))
     except (StacksFormatError, UnicodeDecodeError, TraceFormatError) as exc:
         return InputResult(path, "stacks", False, f"bad rank stacks file: {exc}")
     return InputResult(path, "stacks", True, data=data, rank=data["rank"])
@@ -170,19 +210,43 @@ def _devices(meta: dict[str, Any]) -> list[dict[str, Any]]:
             for p in props if isinstance(p, dict)]
 
 
-def _load_snapshot(path: str, gz: bool) -> InputResult:
+def _pickle_budget(path: str) -> int:
+    """Address space a snapshot may take while unpickled: real ones need about 10x their
+    (decompressed) size; gzip shrinks them about 5x."""
+    size = os.path.getsize(path)
+    with open_regular(path) as fh:
+        if fh.read(2) == b"\x1f\x8b":
+            size *= 5
+    override = os.environ.get("FP_REPORT_PICKLE_MEMORY_MB")
+    if override and override.isdigit():
+        return int(override) << 20
+    return PICKLE_BASE_BUDGET + 12 * min(size, MAX_PICKLE_BYTES)
+
+
+def _load_snapshot(path: str) -> InputResult:
     try:
-        data = _read_all(path, gz)
-        parsed = parse_snapshot(data, path, os.path.getmtime(path))
+        with open_text_bytes(path) as fh:
+            parsed = parse_snapshot(limited(fh, MAX_PICKLE_BYTES), path, os.path.getmtime(path),
+                                    _pickle_budget(path))
+    except MemoryError:
+        return InputResult(path, "snapshot", False,
+                           "needs more memory to unpickle than a snapshot of its size would: "
+                           "refused (set FP_REPORT_PICKLE_MEMORY_MB=N if it is a real snapshot)")
+    except TooLarge:
+        return InputResult(path, "snapshot", False,
+                           f"larger than {MAX_PICKLE_BYTES >> 20} MB (decompressed): refused to "
+                           "bound memory; raise FP_REPORT_MAX_PICKLE_MB to read it")
     except UnsafePickle as exc:
         return InputResult(path, "snapshot", False, f"unsafe pickle, not loaded: {exc}")
     except SnapshotFormatError as exc:
         return InputResult(path, "snapshot", False, str(exc))
     except TraceFormatError as exc:
         return InputResult(path, "snapshot", False, str(exc))
+    except (OSError, zlib.error) as exc:
+        return InputResult(path, "snapshot", False, f"corrupt or truncated gzip data: {exc}")
     except (pickle.UnpicklingError, EOFError) as exc:
         return InputResult(path, "snapshot", False,
                            f"corrupt or truncated pickle: {exc or 'ran out of input'}")
-    except (ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError) as exc:
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError) as exc:
         return InputResult(path, "snapshot", False, f"corrupt pickle: {type(exc).__name__}: {exc}")
     return InputResult(path, "snapshot", True, data=parsed)

@@ -7,16 +7,29 @@ Everything here is JSON-ready through ``to_dict()``; the schema is docs/report-s
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from flight_profiler import __version__
+from flight_profiler.report.cost import Cost
 
 SCHEMA_VERSION = 1
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int)) else str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
 
 
 @dataclass
@@ -35,6 +48,12 @@ class Finding:
     metrics: dict[str, Any] = field(default_factory=dict)
     # The ranks a job-level finding is about (None: not a job finding; []: the whole job).
     ranks: list[int] | None = None
+    # Performance findings: what the fix would recover; None for memory findings.
+    cost: Cost | None = None
+
+    @property
+    def cost_pct(self) -> float:
+        return self.cost.pct if self.cost is not None else -1.0
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITY_RANK:
@@ -47,6 +66,7 @@ class Finding:
             "fix": list(self.fix), "root_cause": self.root_cause, "inputs": list(self.inputs),
             "metrics": self.metrics,
             **({"ranks": list(self.ranks)} if self.ranks is not None else {}),
+            "cost": self.cost.to_dict() if self.cost is not None else None,
         }
 
 
@@ -121,7 +141,8 @@ class Report:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=str)
+        """Strict JSON (RFC 8259): a NaN or an infinity from a hostile input becomes null."""
+        return json.dumps(strict(self.to_dict()), indent=indent, default=str, allow_nan=False)
 
     def to_markdown(self) -> str:
         from flight_profiler.render.report_md import render_markdown

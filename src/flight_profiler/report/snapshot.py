@@ -7,12 +7,19 @@ OOM events from ``device_traces``, and the allocator settings.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import IO, Any
 
 from flight_profiler.report.safe_pickle import safe_loads
 
 _LIB_PARTS = ("/torch/", "site-packages/", "dist-packages/", "<frozen", "/lib/python3",
               "threading.py", "runpy.py", "flight_profiler/agent")
+
+
+MAX_FRAMES = 256
+# Blocks visited in all: a pickle can make every segment refer to one shared block list, so
+# the work would grow with the product of two counts while the file stays small.
+MAX_BLOCKS = 20_000_000
 
 
 class SnapshotFormatError(ValueError):
@@ -31,7 +38,8 @@ def _frames(block: dict[str, Any]) -> list[dict[str, Any]]:
 def site_of(frames: list[dict[str, Any]]) -> str:
     """The innermost frame in the user's own Python code, as file:line (function)."""
     fallback = None
-    for f in frames:
+    # Deeper than this is recursion or a hostile file whose blocks all share one huge stack.
+    for f in frames[:MAX_FRAMES]:
         if not isinstance(f, dict):
             continue
         fn = str(f.get("filename", ""))
@@ -62,9 +70,11 @@ def _expandable(settings: dict[str, Any]) -> bool | None:
     return None
 
 
-def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
-    """Unpickle safely and normalise; raises SnapshotFormatError if it is not a snapshot."""
-    obj = safe_loads(data)
+def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
+                   budget: int | None = None) -> dict[str, Any]:
+    """Unpickle safely (under ``budget`` bytes of new address space) and normalise; raises
+    SnapshotFormatError if it is not a snapshot."""
+    obj = safe_loads(data, budget)
     if isinstance(obj, list):  # legacy: a bare list of segments
         obj = {"segments": obj, "device_traces": [], "allocator_settings": {}}
     if not isinstance(obj, dict) or "segments" not in obj or not isinstance(obj["segments"], list):
@@ -74,6 +84,7 @@ def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
     device_type = str(fp.get("device_type", "cuda"))
     devices: dict[int, dict[str, Any]] = {}
     sites: dict[str, list[int]] = {}
+    visited = 0
     for seg in obj["segments"]:
         if not isinstance(seg, dict):
             raise SnapshotFormatError("a segment is not a dict")
@@ -90,6 +101,9 @@ def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
         if seg.get("is_expandable"):
             d["expandable_segments_seen"] = True
         alloc_here = 0
+        visited += len(blocks) + 1
+        if visited > MAX_BLOCKS:
+            raise SnapshotFormatError(f"more than {MAX_BLOCKS} blocks: not a real snapshot")
         for b in blocks:
             if not isinstance(b, dict):
                 continue
@@ -130,6 +144,9 @@ def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
             continue
         net = 0
         running: list[int] = []
+        visited += len(entries) + 1
+        if visited > MAX_BLOCKS:
+            raise SnapshotFormatError(f"more than {MAX_BLOCKS} blocks and events: not a real snapshot")
         for ent in entries:
             if not isinstance(ent, dict):
                 continue
@@ -141,7 +158,7 @@ def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
             elif action == "free_completed":
                 net -= size
             running.append(net)
-            if action == "oom":
+            if action == "oom" and len(ooms) < 100:
                 ooms.append({
                     "device": dev, "requested": size,
                     "device_free": int(ent.get("device_free", 0) or 0),
@@ -156,15 +173,18 @@ def parse_snapshot(data: bytes, path: str, mtime: float) -> dict[str, Any]:
         d["peak_allocated_in_trace"] = max(peaks.get(dev, 0), d["allocated"])
         d["reserved_to_allocated"] = round(d["reserved"] / d["allocated"], 3) if d["allocated"] else None
     top = sorted(sites.items(), key=lambda kv: -kv[1][1])
+    pid, when, label = fp.get("pid"), fp.get("time"), fp.get("label")
+    has_time = ((type(when) is float and math.isfinite(when))
+                or (type(when) is int and abs(when) < 1 << 53))
     return {
         "kind": "snapshot",
-        "device_type": device_type,
-        "pid": fp.get("pid"),
-        "time": fp.get("time") if isinstance(fp.get("time"), (int, float)) else mtime,
-        "time_source": "flight_profiler.time" if isinstance(fp.get("time"), (int, float)) else "mtime",
-        "label": fp.get("label"),
+        "device_type": device_type[:40],
+        "pid": pid if type(pid) is int and 0 <= pid < 1 << 32 else None,
+        "time": float(when) if has_time and when is not None else mtime,
+        "time_source": "flight_profiler.time" if has_time else "mtime",
+        "label": label[:200] if isinstance(label, str) else None,
         # `torch memory -r`: allocations during N calls, not the process's memory at a moment.
-        "recorded_calls": fp.get("calls") if isinstance(fp.get("calls"), int) else None,
+        "recorded_calls": fp.get("calls") if type(fp.get("calls")) is int else None,
         "devices": {str(k): v for k, v in sorted(devices.items())},
         "allocated": sum(d["allocated"] for d in devices.values()),
         "reserved": sum(d["reserved"] for d in devices.values()),

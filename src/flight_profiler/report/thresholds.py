@@ -11,22 +11,32 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Thresholds:
+    # Severity of every performance finding, from its cost (share of step / GPU time its fix
+    # recovers). 5 %: torch-tb-profiler's bar for recommending a DataLoader fix; 20 %: a fix
+    # worth a 1.25x speed-up, our line for "fix this first".
+    cost_warning_pct: float = 5.0
+    cost_critical_pct: float = 20.0
+    # Gaps between GPU work shorter than this are launch latency (CPU-bound dispatch), longer
+    # ones have another cause (sync, data loading, host code).
+    launch_gap_us: float = 50.0
+    # communication: exposed (not overlapped by compute) collective time, share of the GPU
+    # span, from which it is reported at all (below: noise of a few small collectives).
+    comm_exposed_min_pct: float = 1.0
     # dataloader-bottleneck: torch-tb-profiler recommended num_workers above 5 % of step time.
     dataloader_warning_pct: float = 5.0
+    # Unused since severity follows the cost (cost_*_pct); kept for a rule that sets its own.
     dataloader_critical_pct: float = 25.0
     # low-gpu-utilization: torch-tb-profiler flagged GPU kernel busy time below 50 %.
     gpu_busy_warning_pct: float = 50.0
-    gpu_busy_critical_pct: float = 20.0
     # Ignore windows too short to mean anything (one tiny step, warm-up only).
     min_gpu_window_us: float = 1_000.0
     # transfer-bottleneck: host<->device copies as a share of GPU busy time.
     transfer_warning_pct: float = 10.0
-    transfer_critical_pct: float = 30.0
     # Pageable copies at all: pin_memory advice once they carry this much.
     pageable_min_bytes: int = 1 << 20
-    # sync-bottleneck: blocking time as a share of the profiled step/window time.
+    # sync-bottleneck: blocking time as a share of the step/window time, from which the pattern
+    # is reported (its severity then follows the GPU idle it causes).
     sync_warning_pct: float = 5.0
-    sync_critical_pct: float = 20.0
     # launch-overhead (GPU): median kernel shorter than this many us and many of them ...
     short_kernel_us: float = 10.0
     short_kernel_share_pct: float = 50.0

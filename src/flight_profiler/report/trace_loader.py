@@ -4,16 +4,26 @@ What is kept: GPU activity intervals (for the HTA-style breakdown), CPU-side int
 operators, Python frames and annotations per thread (for self time and for naming the Python
 line behind a sync or a copy), the CUDA runtime calls' correlation ids, ``[memory]`` samples,
 the steps and the DataLoader spans. A 1 M-event trace keeps a few tens of MB.
+
+Events arrive in batches of typed structs (fastjson, msgspec); a file that path cannot read is
+read again with the stdlib streaming decoder, its dicts turned into the same structs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
 import re
+import zlib
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from flight_profiler.report.jsonstream import iter_trace, open_text_bytes
+from flight_profiler.report.fastjson import Args, Event, NeedStdlib, iter_batches
+from flight_profiler.report.jsonstream import TraceFormatError, iter_trace, open_text_bytes
+from flight_profiler.report.readahead import ReadAhead
 
 # HTA's kernel classes (hta/utils/utils.py): communication, memory, computation, other.
 COMPUTE, MEMORY, COMM, OTHER = 0, 1, 2, 3
@@ -26,7 +36,15 @@ SYNC_CALLS = frozenset({
 })
 SCALAR_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 CPU_OP, PY_FRAME, ANNOTATION = 0, 1, 2
-_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d{1,18})")
+# Kernel names of heavily templated code reach a few KB; longer is not a name but a payload.
+MAX_NAME_CHARS = 4096
+_I64 = 1 << 63
+
+
+def _i64(x: Any) -> int:
+    """An id that fits the int64 columns, or -1 (hostile or missing)."""
+    return x if type(x) is int and -_I64 <= x < _I64 else -1
 
 
 def gpu_kind(name: str) -> int:
@@ -47,6 +65,8 @@ class ThreadIntervals:
     end: array[float] = field(default_factory=lambda: array("d"))
     name: array[int] = field(default_factory=lambda: array("l"))
     kind: array[int] = field(default_factory=lambda: array("b"))
+    # Indices of the cpu_op spans (in file order): self times walk only these.
+    ops: array[int] = field(default_factory=lambda: array("q"))
     sorted: bool = True
     order: list[int] | None = None
 
@@ -84,6 +104,8 @@ class RawTrace:
     trace_window: tuple[float, float] | None = None
 
     def intern(self, name: str) -> int:
+        if len(name) > MAX_NAME_CHARS:
+            name = name[:MAX_NAME_CHARS] + "..."
         i = self.name_ids.get(name)
         if i is None:
             i = self.name_ids[name] = len(self.names)
@@ -94,64 +116,127 @@ class RawTrace:
 def _thread_key(pid: Any, tid: Any) -> int:
     # pid/tid are ints in torch traces; strings appear for synthetic rows ("Spans").
     try:
-        return (int(pid) << 32) ^ int(tid)
-    except (TypeError, ValueError):
+        key = (int(pid) << 32) ^ int(tid)
+        if -_I64 <= key < _I64:
+            return key
+    except (TypeError, ValueError, OverflowError):
+        pass
+    try:
         return hash((pid, tid))
+    except TypeError:  # unhashable ids ("pid": [1]) from a hand-made file
+        return hash((repr(pid), repr(tid)))
 
 
 def load_trace(path: str) -> RawTrace:
     """Stream ``path`` (Chrome trace, plain or gzipped) into a :class:`RawTrace`."""
     raw = RawTrace(path)
+    with open_text_bytes(path) as stream:
+        compressed = not isinstance(stream, io.BufferedReader)
+        with ReadAhead(stream, chunk=2 << 20, depth=4) if compressed else contextlib.nullcontext(stream) as src:
+            try:
+                _consume(raw, iter_batches(src, raw.meta.__setitem__))  # type: ignore[arg-type]
+                return raw
+            except NeedStdlib:
+                pass  # an unusual layout or a malformed file: the tolerant reader decides
+            except (OSError, EOFError, zlib.error) as exc:  # gzip: truncated or corrupt
+                raise TraceFormatError(f"cannot decompress: {exc}") from None
+    raw = RawTrace(path)
+    counts: dict[str, int] = {}
+    with open_text_bytes(path) as stream:
+        _consume(raw, _stdlib_batches(iter_trace(stream, raw.meta.__setitem__, counts)))
+    raw.events += counts.get("skipped", 0)
+    return raw
+
+
+def _stdlib_batches(events: Iterator[dict[str, Any]], size: int = 4096) -> Iterator[list[Event]]:
+    batch: list[Event] = []
+    for e in events:
+        a = e.get("args")
+        args = None
+        if isinstance(a, dict):
+            args = Args(stream=a.get("stream"), correlation=a.get("correlation"),
+                        device=a.get("device"), bytes=a.get("bytes"),
+                        device_type=a.get("Device Type"), device_id=a.get("Device Id"),
+                        total_allocated=a.get("Total Allocated"),
+                        total_reserved=a.get("Total Reserved"), nbytes=a.get("Bytes"),
+                        addr=a.get("Addr"))
+        try:
+            ts = float(e.get("ts", math.nan))
+            dur = float(e.get("dur", 0.0))
+        except (TypeError, ValueError, OverflowError):
+            ts, dur = math.nan, 0.0
+        ph, cat, name = e.get("ph"), e.get("cat"), e.get("name", "")
+        batch.append(Event(ph=ph if isinstance(ph, str) else "",
+                           cat=cat if isinstance(cat, str) else "",
+                           name=name if isinstance(name, str) else str(name),
+                           pid=e.get("pid"), tid=e.get("tid"), ts=ts, dur=dur, args=args))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
+    """The one pass: each event into the columns it feeds, nothing else kept."""
     kinds: dict[str, int] = {}
     intern = raw.intern
     threads = raw.threads
-    last_ts: dict[int, float] = {}
     runtime = raw.runtime
+    keys: dict[tuple[Any, Any], int] = {}
+    name_ids = raw.name_ids
+    g_ts, g_end, g_kind, g_corr, g_name = raw.g_ts, raw.g_end, raw.g_kind, raw.g_corr, raw.g_name
 
-    def on_meta(key: str, value: Any) -> None:
-        raw.meta[key] = value
+    def key_of(pid: Any, tid: Any) -> int:
+        try:
+            return keys[(pid, tid)]
+        except KeyError:
+            k = keys[(pid, tid)] = _thread_key(pid, tid)
+            return k
+        except TypeError:  # unhashable ids from a hand-made file
+            return _thread_key(pid, tid)
 
-    counts: dict[str, int] = {}
-    with open_text_bytes(path) as stream:
-        for e in iter_trace(stream, on_meta, counts):
-            raw.events += 1
-            ph = e.get("ph")
+    for batch in batches:
+        raw.events += len(batch)
+        for e in batch:
+            ph = e.ph
             if ph == "X":
-                cat = e.get("cat")
-                try:
-                    ts = float(e["ts"])
-                    end = ts + float(e.get("dur", 0.0))
-                except (KeyError, TypeError, ValueError):
-                    continue
-                name = e.get("name", "")
-                if not isinstance(name, str):
-                    name = str(name)
-                args = e.get("args") or {}
-                if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args):
-                    stream_id = args.get("stream", -1)
+                ts = e.ts
+                end = ts + e.dur
+                d = end - ts
+                if d - d != 0.0:
+                    continue  # NaN/Infinity in ts or dur would poison every sum (and the JSON)
+                cat = e.cat
+                name = e.name  # both str: typed in the fast path, coerced in the stdlib one
+                args = e.args
+                if cat in _GPU_CATS or (args is not None and args.stream is not None
+                                        and cat != "gpu_user_annotation"):
+                    stream_id = args.stream if args is not None else None
                     if stream_id is None or stream_id == -1:
                         continue
                     k = kinds.get(name)
                     if k is None:
                         k = kinds[name] = gpu_kind(name)
-                    corr = args.get("correlation", -1)
-                    raw.g_ts.append(ts)
-                    raw.g_end.append(end)
-                    raw.g_kind.append(k)
-                    raw.g_corr.append(corr if isinstance(corr, int) else -1)
-                    raw.g_name.append(intern(name))
-                    dev = args.get("device", e.get("pid"))
-                    if isinstance(dev, int):
+                    corr = _i64(args.correlation) if args is not None else -1
+                    g_ts.append(ts)
+                    g_end.append(end)
+                    g_kind.append(k)
+                    g_corr.append(corr)
+                    i = name_ids.get(name)
+                    g_name.append(intern(name) if i is None else i)
+                    dev = args.device if args is not None else None
+                    if dev is None:
+                        dev = e.pid
+                    if type(dev) is int:
                         raw.gpu_devices.add(dev)
                     if cat == "gpu_memcpy" or name.startswith("Memcpy"):
-                        nbytes = args.get("bytes", 0)
-                        raw.memcpy.append((name, end - ts, nbytes if isinstance(nbytes, int) else 0,
-                                           corr if isinstance(corr, int) else -1))
+                        nbytes = args.bytes if args is not None else 0
+                        raw.memcpy.append((name, end - ts, max(_i64(nbytes), 0), corr))
                     continue
                 if cat == "cuda_runtime" or cat == "cuda_driver":
-                    corr = args.get("correlation")
-                    key = _thread_key(e.get("pid"), e.get("tid"))
-                    if isinstance(corr, int):
+                    corr = _i64(args.correlation) if args is not None else -1
+                    key = key_of(e.pid, e.tid)
+                    if corr != -1:
                         raw.rt_corr.append(corr)
                         raw.rt_ts.append(ts)
                         raw.rt_tid.append(key)
@@ -165,18 +250,19 @@ def load_trace(path: str) -> RawTrace:
                         raw.syncs.append((key, ts, end - ts, name))
                     continue
                 if cat == "cpu_op" or cat == "python_function" or cat == "user_annotation":
-                    key = _thread_key(e.get("pid"), e.get("tid"))
+                    key = key_of(e.pid, e.tid)
                     th = threads.get(key)
                     if th is None:
                         th = threads[key] = ThreadIntervals()
-                    prev = last_ts.get(key)
-                    if prev is not None and ts < prev:
+                    tss = th.ts
+                    if tss and ts < tss[-1]:
                         th.sorted = False
-                    last_ts[key] = ts
-                    th.ts.append(ts)
+                    tss.append(ts)
                     th.end.append(end)
-                    th.name.append(intern(name))
+                    i = name_ids.get(name)
+                    th.name.append(intern(name) if i is None else i)
                     if cat == "cpu_op":
+                        th.ops.append(len(th.kind))
                         th.kind.append(CPU_OP)
                         if name in SCALAR_OPS:
                             raw.scalar_ops.append((key, ts, end - ts, name))
@@ -189,38 +275,44 @@ def load_trace(path: str) -> RawTrace:
                             raw.steps.append((int(m.group(1)) if m else len(raw.steps), ts, end - ts))
                         elif name.startswith("enumerate(DataLoader)"):
                             raw.dataloader.append((key, ts, end - ts))
-                    if ts < raw.span_ts:
-                        raw.span_ts = ts
-                    if end > raw.span_end:
-                        raw.span_end = end
                     continue
                 if cat == "Trace":
                     raw.trace_window = (ts, end)
-            elif ph == "i" or ph == "I":
-                if e.get("name") != "[memory]":
-                    continue
-                args = e.get("args") or {}
-                try:
-                    dev = (int(args.get("Device Type", 0)), int(args.get("Device Id", 0)))
-                    ts = float(e["ts"])
-                    alloc = int(args.get("Total Allocated", 0))
-                    reserved = int(args.get("Total Reserved", 0))
-                    nbytes = int(args.get("Bytes", 0))
-                except (KeyError, TypeError, ValueError):
-                    continue
-                series = raw.mem.get(dev)
-                if series is None:
-                    series = raw.mem[dev] = (array("d"), array("q"), array("q"))
-                    raw.mem_live[dev] = {}
-                series[0].append(ts)
-                series[1].append(alloc)
-                series[2].append(reserved)
-                addr = args.get("Addr")
-                if isinstance(addr, int):
-                    live = raw.mem_live[dev]
-                    if nbytes > 0:
-                        live[addr] = (ts, nbytes, _thread_key(e.get("pid"), e.get("tid")))
-                    elif nbytes < 0:
-                        live.pop(addr, None)
-    raw.events += counts.get("skipped", 0)
-    return raw
+            elif (ph == "i" or ph == "I") and e.name == "[memory]":
+                _memory_sample(raw, e, key_of)
+    # The CPU-side span, from the columns (cheaper than a comparison per event).
+    for th in threads.values():
+        if th.ts:
+            raw.span_ts = min(raw.span_ts, min(th.ts))
+            raw.span_end = max(raw.span_end, max(th.end))
+
+
+def _memory_sample(raw: RawTrace, e: Event, key_of: Callable[[Any, Any], int]) -> None:
+    a = e.args
+    if a is None:
+        return
+    try:
+        dev = (int(a.device_type or 0), int(a.device_id or 0))
+        ts = e.ts
+        alloc = int(a.total_allocated or 0)
+        reserved = int(a.total_reserved or 0)
+        nbytes = int(a.nbytes or 0)
+    except (TypeError, ValueError, OverflowError):
+        return
+    if not (math.isfinite(ts) and -_I64 <= alloc < _I64 and -_I64 <= reserved < _I64
+            and abs(dev[0]) < 1 << 16 and abs(dev[1]) < 1 << 16):
+        return
+    series = raw.mem.get(dev)
+    if series is None:
+        series = raw.mem[dev] = (array("d"), array("q"), array("q"))
+        raw.mem_live[dev] = {}
+    series[0].append(ts)
+    series[1].append(alloc)
+    series[2].append(reserved)
+    addr = a.addr
+    if type(addr) is int:
+        live = raw.mem_live[dev]
+        if nbytes > 0:
+            live[addr] = (ts, nbytes, key_of(e.pid, e.tid))
+        elif nbytes < 0:
+            live.pop(addr, None)

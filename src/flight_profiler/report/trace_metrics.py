@@ -7,6 +7,7 @@ shares are percentages (``_pct``), sizes bytes.
 from __future__ import annotations
 
 import statistics
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -19,9 +20,17 @@ from flight_profiler.report.attribution import (
     idle_after,
     idle_gaps,
 )
+from flight_profiler.report.overlap import (
+    covered,
+    exposed,
+    idle_after_waits,
+    idle_during,
+    length,
+    short_gaps,
+)
 from flight_profiler.report.stacks import CallerIndex, operator_self_times
 from flight_profiler.report.thresholds import T
-from flight_profiler.report.trace_loader import COMPUTE, SCALAR_OPS, RawTrace
+from flight_profiler.report.trace_loader import COMM, COMPUTE, MEMORY, SCALAR_OPS, RawTrace
 
 SERIES_POINTS = 240
 
@@ -41,30 +50,54 @@ def _pct(part: float, whole: float) -> float:
     return round(100.0 * part / whole, 3) if whole > 0 else 0.0
 
 
-def _gpu_selection(raw: RawTrace) -> tuple[list[int], bool]:
+def _gpu_selection(raw: RawTrace) -> tuple[Sequence[int], bool]:
     """Indices of the GPU events HTA would analyse, and whether its step filter applied.
 
     HTA (Trace._filter_irrelevant_gpu_kernels) keeps, when there are >= 2 ProfilerSteps, only
     GPU events launched (correlation) by a CPU call that started before the last ProfilerStep:
-    the last step is usually cut short by the profiler stopping.
+    the last step is usually cut short by the profiler stopping. Indices are a compact array:
+    a list of a million Python ints would cost 36 MB.
     """
     n = len(raw.g_ts)
     step_names = {num for num, _, _ in raw.steps}
     if len(step_names) < 2:
-        return list(range(n)), False
+        return range(n), False
     last_start = max(ts for _, ts, _ in raw.steps)
     allowed = {c for c, t in zip(raw.rt_corr, raw.rt_ts) if t < last_start}
     corr = raw.g_corr
-    return [i for i in range(n) if corr[i] in allowed], True
+    return array("q", (i for i in range(n) if corr[i] in allowed)), True
 
 
-def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, list[tuple[float, float]]]:
+def merge_idx(ts: Sequence[float], end: Sequence[float], idx: Iterable[int]) -> list[tuple[float, float]]:
+    """``merge`` of the intervals ``idx`` picks, without building a tuple per interval."""
+    order = sorted(idx, key=ts.__getitem__)
+    out: list[tuple[float, float]] = []
+    if not order:
+        return out
+    cs, ce = ts[order[0]], end[order[0]]
+    for i in order:
+        s, e = ts[i], end[i]
+        if s <= ce:
+            if e > ce:
+                ce = e
+        else:
+            out.append((cs, ce))
+            cs, ce = s, e
+    out.append((cs, ce))
+    return out
+
+
+Spans = list[tuple[float, float]]
+
+
+def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, Spans, Spans, Sequence[int]]:
+    """HTA's temporal breakdown; also the merged busy and compute intervals, and the selection."""
     idx, filtered = _gpu_selection(raw)
     if not idx:
-        return None, []
+        return None, [], [], range(0)
     ts, end, kind = raw.g_ts, raw.g_end, raw.g_kind
-    busy = merge((ts[i], end[i]) for i in idx)
-    compute = merge((ts[i], end[i]) for i in idx if kind[i] == COMPUTE)
+    busy = merge_idx(ts, end, idx)
+    compute = merge_idx(ts, end, (i for i in idx if kind[i] == COMPUTE))
     span = busy[-1][1] - busy[0][0]
     busy_us = sum(e - s for s, e in busy)
     compute_us = sum(e - s for s, e in compute)
@@ -82,7 +115,35 @@ def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, list[tuple[floa
         "busy_pct": _pct(busy_us, span),
         "events": len(idx),
         "last_step_excluded": filtered,
-    }, busy
+    }, busy, compute, idx
+
+
+def _communication(raw: RawTrace, idx: Sequence[int], compute: Spans, span_us: float,
+                   ) -> dict[str, Any] | None:
+    """Collective kernels (NCCL, gloo) and how much of their time compute does not hide."""
+    ts, end, kind, names = raw.g_ts, raw.g_end, raw.g_kind, raw.names
+    comm_idx = [i for i in idx if kind[i] == COMM]
+    if not comm_idx:
+        return None
+    comm = merge_idx(ts, end, comm_idx)
+    comm_sum = sum(end[i] - ts[i] for i in comm_idx)
+    kernel_sum = comm_sum + sum(end[i] - ts[i] for i in idx if kind[i] == COMPUTE)
+    comm_us = length(comm)
+    hidden = covered(comm, compute)
+    by_name: dict[str, list[float]] = {}
+    for i in comm_idx:
+        a = by_name.setdefault(names[raw.g_name[i]], [0, 0.0])
+        a[0] += 1
+        a[1] += end[i] - ts[i]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:5]
+    return {
+        "kernels": len(comm_idx), "comm_us": round(comm_us, 3),
+        "pct_of_kernel_time": _pct(comm_sum, kernel_sum),
+        "exposed_us": round(comm_us - hidden, 3), "exposed_pct_of_span": _pct(comm_us - hidden, span_us),
+        "overlapped_pct": _pct(hidden, comm_us),
+        "by_name": [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
+                     "mean_us": round(v[1] / v[0], 3)} for k, v in top],
+    }
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -188,13 +249,19 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
     m["window_us"] = round(window, 3)
     m["window_kind"] = "steps" if step_total > 0 else "trace"
 
-    breakdown, busy = gpu_breakdown(raw)
+    breakdown, busy, compute, selected = gpu_breakdown(raw)
     m["has_gpu"] = breakdown is not None
     if breakdown is not None:
         m["gpu_time_breakdown"] = breakdown
         m["gpu_devices"] = sorted(raw.gpu_devices)
         m["gpu_timeline"] = _busy_bins(busy)
         m["gpu_idle_gaps"] = idle_gaps(raw, index, busy)
+        gap_us, gap_count = short_gaps(busy, T.launch_gap_us)
+        breakdown["short_gap_us"] = round(gap_us, 3)
+        breakdown["short_gaps"] = gap_count
+        comm = _communication(raw, selected, compute, breakdown["span_us"])
+        if comm is not None:
+            m["communication"] = comm
 
     # Kernels and launches
     kdur: dict[str, list[float]] = {}
@@ -266,6 +333,9 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         }
         m["memcpy"]["host_device_pct_of_gpu_busy"] = _pct(m["memcpy"]["host_device_us"], busy_us)
         m["memcpy"]["pageable_bytes"] = int(sum(v[2] for k, v in kinds.items() if "Pageable" in k))
+        hd = merge_idx(raw.g_ts, raw.g_end, (i for i in selected if raw.g_kind[i] == MEMORY
+                                            and _host_device(raw.names[raw.g_name[i]])))
+        m["memcpy"]["host_device_exposed_us"] = round(exposed(hd, compute), 3)
         m["memcpy"]["callers"] = attribute_gpu(
             raw, index, [(c, d, n) for n, d, _b, c in raw.memcpy if _host_device(n)])
 
@@ -276,6 +346,8 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
     scalar_us = sum(d for _, _, d, _ in scalar_top)
     blocking = raw.syncs + scalar_top
     after = idle_after(busy, [ts + d for _, ts, d, _ in raw.syncs]) if busy else []
+    waits = [(ts + d, d) for _, ts, d, _ in raw.syncs + scalar_top]
+    lost = idle_after_waits(busy, waits) if busy else 0.0
     m["sync"] = {
         "sync_calls": len(raw.syncs), "sync_us": round(sync_us, 3),
         "by_call": {k: {"count": int(v[0]), "total_us": round(v[1], 3)}
@@ -283,6 +355,8 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         "scalar_reads": len(scalar_top), "scalar_read_us": round(scalar_us, 3),
         "pct_of_window": _pct(max(sync_us, scalar_us), window),
         "gpu_idle_after_sync_us": round(sum(after), 3),
+        # The GPU idle the waits cause: idle after each return, capped by the wait, once per gap.
+        "gpu_idle_caused_us": round(lost, 3),
         "callers": attribute(index, blocking, SCALAR_OPS) if blocking else [],
     }
 
@@ -296,6 +370,8 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
                 inside.append(item)
         total = sum(d for _, _, d in inside)
         m["dataloader"] = {"calls": len(raw.dataloader), "total_us": round(total, 3),
+                           "gpu_idle_during_us": (round(idle_during(busy, [(t, t + d) for _, t, d in inside]), 3)
+                                                  if busy else None),
                            "pct_of_window": _pct(total, window),
                            "mean_us": round(total / len(inside), 3) if inside else 0.0,
                            "callers": attribute(index, [(k, t, d, "DataLoader.__next__")

@@ -99,10 +99,14 @@ def test_sync_bottleneck_names_the_python_line(tmp_path: Path) -> None:
     assert f.metrics["gpu_idle_after_sync_us"] > 0
 
 
-def test_sync_bottleneck_on_a_real_gpu_trace() -> None:
+def test_sync_bottleneck_on_a_real_gpu_trace_costs_only_the_idle_it_causes() -> None:
+    # The CPU waits 28 % of the step in .item(), but the GPU stays busy through the waits:
+    # the GPU-bound state, not a bottleneck (issue 12).
     report = analyze([str(TRACES / "gpu_train_test.json.gz")])
     (f,) = _rules(report, "sync-bottleneck")
-    assert f.severity == "critical"
+    assert f.metrics["pct_of_window"] > 20
+    assert f.severity == "info" and f.cost is not None and f.cost.pct < 1
+    assert f.cost.us == f.metrics["gpu_idle_caused_us"] < 0.01 * f.metrics["blocked_us"]
     assert any("aten::item" in w for w in f.where)
 
 
@@ -114,9 +118,13 @@ def test_transfer_bottleneck_pageable_copies_name_the_line(tmp_path: Path) -> No
     assert any("pin_memory" in fix for fix in f.fix)
 
 
-def test_transfer_bottleneck_on_real_alexnet_trace() -> None:
+def test_transfer_on_real_alexnet_trace_is_most_of_a_tiny_busy_time() -> None:
+    # Copies are 84 % of GPU busy time, but the GPU is busy 0.5 % of a 13 s span: pinning the
+    # pageable copies is worth saying, yet recovers under 1 % of GPU time (issue 12).
     (f,) = _rules(analyze([str(TRACES / "gpu_alexnet_sync.json.gz")]), "transfer-bottleneck")
-    assert f.severity == "critical" and f.metrics["pageable_bytes"] > 0
+    assert f.metrics["pct_of_gpu_busy"] > 80 and f.metrics["pageable_bytes"] > 0
+    assert f.severity == "info" and f.cost is not None and f.cost.pct < 1
+    assert any("pin_memory" in fix for fix in f.fix)
 
 
 def test_pinned_small_copies_stay_silent(tmp_path: Path) -> None:
@@ -181,7 +189,9 @@ def test_a_borderline_cpu_share_is_info_not_a_warning() -> None:
         rank = None
 
         def __init__(self, window_pct: float, ops_pct: float, per_step: float) -> None:
-            self.data = {"has_gpu": False, "window_kind": "step", "top_operators": [],
+            # the window such that the tiny operators' self time is `window_pct` of it
+            self.data = {"has_gpu": False, "window_kind": "steps", "top_operators": [],
+                         "window_us": 900.0 * 100.0 / window_pct,
                          "operators": {"calls": 1100, "distinct": 20, "tiny_calls": 1060,
                                        "tiny_calls_pct": 96.5, "tiny_self_us": 900.0,
                                        "tiny_self_pct_of_window": window_pct,
@@ -194,9 +204,10 @@ def test_a_borderline_cpu_share_is_info_not_a_warning() -> None:
 
     (borderline,) = launch_overhead.check(_Ctx(12.9, 37.1))  # type: ignore[arg-type]
     assert borderline.severity == "info" and "borderline" in borderline.title
-    assert [f.severity for f in launch_overhead.check(_Ctx(31.0, 44.0))] == ["warning"]  # type: ignore[arg-type]
+    # a clear case: severity follows the cost (31 % of step time: critical, issue 12)
+    assert [f.severity for f in launch_overhead.check(_Ctx(31.0, 44.0))] == ["critical"]  # type: ignore[arg-type]
     # The planted tiny-ops loop under diagnose on a loaded machine: borderline shares, but 1140
-    # operator calls per step: the count, which load does not move, makes it a warning
+    # operator calls per step: the count, which load does not move, makes it count (16 %: warning)
     assert [f.severity for f in launch_overhead.check(_Ctx(16.4, 34.3, 1140.0))] == ["warning"]  # type: ignore[arg-type]
     report = analyze([str(FIXTURES / "cpu_tiny_ops.json.gz")])
-    assert [f.severity for f in _rules(report, "launch-overhead")] == ["warning"]
+    assert [f.severity for f in _rules(report, "launch-overhead")] in (["warning"], ["critical"])

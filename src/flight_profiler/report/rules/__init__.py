@@ -1,8 +1,19 @@
 """The rule registry: one module per known pattern, each exposing ``RULE``.
 
-A rule is a pure function of the loaded inputs (:class:`Context`) returning findings; its
-thresholds come from :mod:`flight_profiler.report.thresholds` and are documented in
-docs/report-rules.md. Adding a rule = adding a module here and its name to ``RULE_MODULES``.
+The interface (stable; changes are additive):
+
+- A module ``rules/<name>.py`` defines ``RULE = Rule(id, title, check)``; ``check(ctx)`` is a
+  pure function of the loaded inputs (:class:`Context`) returning a list of
+  :class:`~flight_profiler.report.models.Finding`; it never raises for odd figures (skip them).
+  Register it by adding its module name to ``RULE_MODULES``.
+- Thresholds come from :mod:`flight_profiler.report.thresholds` (``T.name``) and are documented,
+  with their source, in docs/report-rules.md.
+- A performance finding sets ``cost=`` a :class:`~flight_profiler.report.cost.Cost` (the share of
+  step or GPU time its fix would recover, and how that was estimated: ``cost_of(us, whole_us,
+  of, method)``) and takes its severity from it: ``severity=severity_for(cost)``. A pattern that
+  costs nothing measurable is therefore at most info. Memory findings leave ``cost=None`` and
+  choose their severity themselves.
+- The engine orders findings by severity, then cost (highest first), then rule id.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from flight_profiler.report.models import Finding, InputResult
 RULE_MODULES = (
     "memory_leak", "graph_retention", "oom", "fragmentation", "transfer_bottleneck",
     "sync_bottleneck", "launch_overhead", "dataloader_bottleneck", "low_gpu_utilization",
-    "hot_operators", "job_hang", "job_straggler", "job_imbalance",
+    "communication", "hot_operators", "job_hang", "job_straggler", "job_imbalance",
 )
 
 

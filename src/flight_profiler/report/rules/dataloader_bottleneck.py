@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flight_profiler.report.cost import cost_of, severity_for, window_of
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -28,9 +29,16 @@ def check(ctx: Context) -> list[Finding]:
         pct = dl["pct_of_window"]
         if pct < T.dataloader_warning_pct:
             continue
-        sev = "critical" if pct >= T.dataloader_critical_pct else "warning"
+        window, of = window_of(tr.data)
+        idle = dl.get("gpu_idle_during_us")
+        if idle is None:  # CPU-only: the step does nothing else while it waits
+            cost = cost_of(dl["total_us"], window, of, "time waiting in DataLoader.__next__")
+        else:
+            cost = cost_of(idle, window, of,
+                           "GPU idle while the step waits in DataLoader.__next__ (a wait the GPU "
+                           "does not notice costs nothing)")
         out.append(Finding(
-            rule="dataloader-bottleneck", severity=sev,
+            rule="dataloader-bottleneck", severity=severity_for(cost), cost=cost,
             title=f"Waiting for the DataLoader takes {fmt_pct(pct)} of the step",
             summary=(f"{label(tr)}: {dl['calls']} next() calls, {fmt_us(dl['total_us'])} in total, "
                      f"{fmt_us(dl['mean_us'])} each, {fmt_pct(pct)} of the {tr.data['window_kind']} time."),
@@ -163,6 +171,9 @@ def from_live(loop: dict[str, Any], threads: list[dict[str, Any]], loaders: list
                     for w in ws) + f"; {it.get('batches_in_flight')} batches in flight")
         return Finding(
             rule="dataloader-bottleneck", severity="critical" if share < 0.2 else "warning",
+            cost=cost_of((period - cost) * waiting * 1000.0, period * 1000.0, "loop time",
+                         "the loop's time between calls, times the share of stack samples "
+                         "waiting for the DataLoader"),
             title=f"The loop waits for the DataLoader: {method} is only {share:.0%} of it",
             summary=(f"Between two calls of {method} ({cost:.1f} ms) the loop spends "
                      f"{period - cost:.0f} ms, {waiting:.0%} of its samples waiting in DataLoader "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flight_profiler.report.cost import cost_of, severity_for, window_of
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -58,8 +59,12 @@ def check(ctx: Context) -> list[Finding]:
             launch_bound = k["launch_total_us"] >= T.launch_to_kernel_ratio * k["total_us"] > 0
             if (k["count"] >= T.min_kernels and k["short_pct"] >= T.short_kernel_share_pct
                     and (idle >= IDLE_PCT or launch_bound)):
+                b = d["gpu_time_breakdown"]
+                cost = cost_of(b.get("short_gap_us", 0.0), b["span_us"], "GPU time",
+                               f"GPU idle in gaps under {T.launch_gap_us:.0f} us between GPU work "
+                               "(launch latency that CUDA graphs / fusion remove)")
                 out.append(Finding(
-                    rule="launch-overhead", severity="warning",
+                    rule="launch-overhead", severity=severity_for(cost), cost=cost,
                     title=f"{fmt_pct(k['short_pct'])} of {k['count']} kernels run under {T.short_kernel_us:.0f} us",
                     summary=(f"{label(tr)}: median kernel {fmt_us(k['median_us'])}, "
                              f"{k['per_step'] or k['count']} kernels per step, {k['launch_calls']} "
@@ -90,8 +95,14 @@ def check(ctx: Context) -> list[Finding]:
             many = per_step >= CPU_WARNING_OPS_PER_STEP and ops["tiny_calls_pct"] >= CPU_WARNING_TINY_CALLS_PCT
             clear = (ops["tiny_self_pct_of_window"] >= CPU_WARNING_WINDOW_PCT
                      or ops.get("tiny_self_pct_of_ops", 0.0) >= CPU_WARNING_OPS_PCT or many)
+            window, of = window_of(d)
+            cost = cost_of(ops["tiny_self_us"], window, of,
+                           f"self time of operators under {T.tiny_op_us:.0f} us (dispatch-bound; "
+                           "an upper bound of what fusing them recovers)")
+            # Severity follows the cost, but a borderline pattern (a share that swings with the
+            # machine's load) is at most info.
             out.append(Finding(
-                rule="launch-overhead", severity="warning" if clear else "info",
+                rule="launch-overhead", severity=severity_for(cost) if clear else "info", cost=cost,
                 title=(f"{ops['calls']} operator calls, {fmt_pct(ops['tiny_calls_pct'])} of them tiny"
                        + ("" if clear else " (borderline)")),
                 summary=(f"{label(tr)}: {ops['tiny_calls']} operator calls under {T.tiny_op_us:.0f} us of "

@@ -6,6 +6,7 @@ event (HTA's definition). torch-tb-profiler recommended a larger batch when busy
 
 from __future__ import annotations
 
+from flight_profiler.report.cost import cost_of, severity_for
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -21,9 +22,11 @@ def check(ctx: Context) -> list[Finding]:
         busy = b["busy_pct"]
         if busy >= T.gpu_busy_warning_pct:
             continue
-        sev = "critical" if busy < T.gpu_busy_critical_pct else "warning"
+        cost = cost_of(b["idle_us"], b["span_us"], "GPU time",
+                       "GPU idle time in its active span (an upper bound: the other findings "
+                       "say which cause explains which part)")
         out.append(Finding(
-            rule="low-gpu-utilization", severity=sev,
+            rule="low-gpu-utilization", severity=severity_for(cost), cost=cost,
             title=f"The GPU is busy only {fmt_pct(busy)} of the time",
             summary=(f"{label(tr)}: over {fmt_us(b['span_us'])} the GPU computed {fmt_pct(b['compute_pct'])}, "
                      f"copied/communicated {fmt_pct(b['non_compute_pct'])} and sat idle {fmt_pct(b['idle_pct'])}."),

@@ -6,6 +6,7 @@ bounce buffer and cannot overlap compute; pinned memory + non_blocking=True fixe
 
 from __future__ import annotations
 
+from flight_profiler.report.cost import cost_of, severity_for
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -20,14 +21,13 @@ def check(ctx: Context) -> list[Finding]:
             continue
         share = mc["host_device_pct_of_gpu_busy"]
         pageable = mc["pageable_bytes"]
-        if share >= T.transfer_critical_pct:
-            sev = "critical"
-        elif share >= T.transfer_warning_pct:
-            sev = "warning"
-        elif pageable >= T.pageable_min_bytes:
-            sev = "info"
-        else:
+        if share < T.transfer_warning_pct and pageable < T.pageable_min_bytes:
             continue
+        # Only the copy time no compute kernel overlaps delays the GPU's work.
+        span = tr.data["gpu_time_breakdown"]["span_us"]
+        cost = cost_of(mc.get("host_device_exposed_us", mc["host_device_us"]), span, "GPU time",
+                       "host<->device copy time not overlapped by compute kernels, share of the GPU span")
+        sev = severity_for(cost)
         fix = []
         if pageable:
             fix.append("Copy from pinned memory: `DataLoader(..., pin_memory=True)` or "
@@ -38,7 +38,7 @@ def check(ctx: Context) -> list[Finding]:
                 "GPU and copy one scalar.",
                 "Prefetch the next batch on a side CUDA stream while the current one computes."]
         out.append(Finding(
-            rule="transfer-bottleneck", severity=sev,
+            rule="transfer-bottleneck", severity=sev, cost=cost,
             title=f"Host<->device copies take {fmt_pct(share)} of GPU busy time",
             summary=(f"{label(tr)}: {fmt_us(mc['host_device_us'])} of memcpy between host and device "
                      f"({fmt_pct(share)} of GPU busy time); {fmt_bytes(pageable)} copied from pageable memory."),
