@@ -34,6 +34,8 @@ HANDLERS: dict[str, str] = {
     "torch memory": "torch_memory:handle_memory",
     "torch tensors": "torch_tensors:handle_tensors",
     "torch profile": "torch_profile:handle_profile",
+    "torch grads": "torch_grads:handle_grads",
+    "torch anomaly": "torch_anomaly:handle_anomaly",
 }
 
 

@@ -41,6 +41,7 @@ def build_context(inputs: list[InputResult]) -> Context:
         traces=[i for i in ok if i.kind == "trace"],
         snapshots=[i for i in ok if i.kind == "snapshot"],
         censuses=[i for i in ok if i.kind == "census"],
+        grads=[i for i in ok if i.kind == "grads"],
     )
     ctx.snapshot_series = _series(ctx.snapshots)
     ctx.census_series = _series(ctx.censuses)

@@ -16,6 +16,7 @@ import zlib
 from typing import Any
 
 from flight_profiler.report.census import CensusFormatError, parse_census
+from flight_profiler.report.grads import GradsFormatError, parse_grads
 from flight_profiler.report.jsonstream import TraceFormatError
 from flight_profiler.report.models import InputResult
 from flight_profiler.report.safe_pickle import UnsafePickle, looks_like_pickle
@@ -108,6 +109,12 @@ def _load(path: str) -> InputResult:
         except (CensusFormatError, UnicodeDecodeError, TraceFormatError) as exc:
             return InputResult(path, "census", False, f"bad tensor census: {exc}")
         return InputResult(path, "census", True, data=data)
+    if b'"flight_profiler.grads"' in head:
+        try:
+            grads = parse_grads(_read_all(path, gz).decode("utf-8"))
+        except (GradsFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+            return InputResult(path, "grads", False, f"bad gradient-health document: {exc}")
+        return InputResult(path, "grads", True, data=grads)
     try:
         raw = load_trace(path)
     except TraceFormatError as exc:

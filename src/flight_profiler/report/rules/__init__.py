@@ -16,7 +16,7 @@ from flight_profiler.report.models import Finding, InputResult
 RULE_MODULES = (
     "memory_leak", "graph_retention", "oom", "fragmentation", "transfer_bottleneck",
     "sync_bottleneck", "launch_overhead", "dataloader_bottleneck", "low_gpu_utilization",
-    "hot_operators",
+    "hot_operators", "grad_health", "graph_chain", "eval_with_grad",
 )
 
 
@@ -25,6 +25,7 @@ class Context:
     traces: list[InputResult] = field(default_factory=list)
     snapshots: list[InputResult] = field(default_factory=list)
     censuses: list[InputResult] = field(default_factory=list)
+    grads: list[InputResult] = field(default_factory=list)  # `torch grads` documents
     # Several snapshots / censuses of one process, oldest first (only groups of >= 2).
     snapshot_series: list[list[InputResult]] = field(default_factory=list)
     census_series: list[list[InputResult]] = field(default_factory=list)

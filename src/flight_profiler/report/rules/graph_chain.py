@@ -1,0 +1,70 @@
+"""graph-chain: ONE held tensor whose autograd graph grows from census to census.
+
+The shape of carried state that is never detached: an RNN/LSTM hidden state passed from chunk
+to chunk (``h = lstm(x, h)``), a running sum of losses (``total = total + loss``), an attention
+cache. The holder keeps one or two tensors, but each step's graph is chained to the previous
+one, so the graph (and every activation saved in it) grows without bound. graph-retention
+catches many graph-carrying tensors piling up in a container; this catches the single chain.
+"""
+
+from __future__ import annotations
+
+from flight_profiler.report.models import Finding
+from flight_profiler.report.rules import Context, Rule
+from flight_profiler.report.thresholds import T
+from flight_profiler.report.units import fmt_bytes
+
+
+def _where(path: str, example: str) -> str:
+    if path.startswith("<"):
+        return (f"{path}: not reachable from a module global or a running function's local the census "
+                "could read (a local of the main loop, a closure, a generator's state)")
+    return f"{path} (e.g. {example})"
+
+
+def check(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    for series in ctx.census_series:
+        hist: dict[str, list[dict[str, object] | None]] = {}
+        for k, c in enumerate(series):
+            for h in c.data["holders"]:
+                hist.setdefault(h["path"], [None] * len(series))[k] = h
+        for path, points in hist.items():
+            last = points[-1]
+            first = points[0]
+            if last is None or first is None or any(p is None for p in points):
+                continue
+            if int(last["count"]) > T.graph_chain_max_tensors or int(last["with_grad_fn"]) < 1:  # type: ignore[call-overload]
+                continue
+            graph = [int(p["graph_bytes"]) for p in points]  # type: ignore[index, call-overload]
+            counts = [int(p["with_grad_fn"]) for p in points]  # type: ignore[index, call-overload]
+            if not all(b > a for a, b in zip(graph, graph[1:])):
+                continue
+            growth = graph[-1] - graph[0]
+            if growth < T.graph_chain_min_growth_bytes or counts[-1] - counts[0] >= T.graph_growth_min_count:
+                continue
+            span = (series[-1].data.get("time") or 0) - (series[0].data.get("time") or 0)
+            rate = f", {fmt_bytes(growth / span)}/s" if span > 0 else ""
+            example = str(last.get("example", path))
+            out.append(Finding(
+                rule="graph-chain", severity="critical" if len(series) >= 3 else "warning",
+                title=f"{path} carries an autograd graph that grows at every step: .detach() it",
+                summary=(f"{path} holds {last['count']} tensor(s) with grad_fn, and the graph behind "
+                         f"them grew {fmt_bytes(graph[0])} -> {fmt_bytes(graph[-1])} across "
+                         f"{len(series)} censuses{rate}: each step's graph is chained to the previous one."),
+                evidence=[f"{c.name}: {p['count']} tensor(s), {p['with_grad_fn']} with grad_fn, "  # type: ignore[index]
+                          f"graph {fmt_bytes(int(p['graph_bytes']))}" for c, p in zip(series, points)],  # type: ignore[index, call-overload]
+                where=[_where(path, example)],
+                root_cause=("State carried from one step to the next (RNN/LSTM hidden state, a running "
+                            "sum of losses, a cache) keeps its grad_fn: the next step's graph hangs off the "
+                            "previous one, so backward() would walk every step since the start and every "
+                            "saved activation stays in memory."),
+                fix=["Cut the chain where the state is carried over: `h = h.detach()` (LSTM: "
+                     "`h, c = h.detach(), c.detach()`) at the start of each chunk (truncated BPTT).",
+                     "For a running metric: `total += loss.item()` (or `loss.detach()`), not `total += loss`."],
+                inputs=[c.path for c in series],
+                metrics={"holder": path, "graph_bytes": graph, "with_grad_fn": counts, "growth_bytes": growth}))
+    return out
+
+
+RULE = Rule("graph-chain", "One held tensor whose autograd graph keeps growing", check)
