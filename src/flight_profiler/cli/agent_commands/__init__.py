@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "torch memory": "torch:memory",
     "torch tensors": "torch:tensors",
     "torch profile": "torch:profile",
+    "torch grads": "torch_health:grads",
+    "torch anomaly": "torch_health:anomaly",
 }
 
 SUMMARIES: dict[str, str] = {
@@ -36,6 +38,8 @@ SUMMARIES: dict[str, str] = {
     "torch memory": "allocator state; -s snapshot; -r record a method's allocations",
     "torch tensors": "census of live tensors and who holds them; --diff for growth",
     "torch profile": "profile a method's next calls, or a time window, to a Chrome trace",
+    "torch grads": "gradient/weight health per parameter; zero_grad, NaN, exploding norms",
+    "torch anomaly": "first NaN/Inf: the op and Python line (anomaly mode; costly)",
 }
 
 
