@@ -10,6 +10,7 @@ slow method prints them inside its body (proving the command did turn anomaly mo
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -30,6 +31,7 @@ pytestmark = [
 ]
 
 CLI = [sys.executable, "-m", "flight_profiler"]
+ENV = {**os.environ, "COLUMNS": "200"}  # holder paths are not folded across lines
 
 TRAINER = """
 import os, sys, time
@@ -86,7 +88,7 @@ class Job:
 
     def cli(self, command: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*CLI, str(self.pid), *extra, "--cmd", command], cwd=self.workdir,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, env=ENV)
 
     def json(self, command: str) -> dict[str, Any]:
         proc = self.cli(command, "--json")
@@ -146,7 +148,9 @@ def test_grads_names_the_missing_zero_grad(job):
     acc = [f for f in report.findings if f.metrics.get("pattern") == "grads-accumulating"]
     assert acc and acc[0].severity == "critical" and "zero_grad() is never called" in acc[0].root_cause
     human = job.cli("torch grads -f g2.json")
-    assert human.returncode == 0 and "__main__.main().trainer.model" in human.stdout, human.stderr
+    # At a safe point the main thread may be inside slow(): `self` there is the same object.
+    assert human.returncode == 0, human.stderr
+    assert re.search(r"__main__\.(main\(\)\.trainer|Trainer\.slow\(\)\.self|slow\(\)\.self)\.model", human.stdout), human.stdout
     assert job.state_after_now() == "False False"
 
 

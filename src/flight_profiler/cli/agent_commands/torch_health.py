@@ -75,7 +75,8 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
         for fix in f.fix[:2]:
             console.print(f"  fix: {fix}")
     if not findings and measurements:
-        console.print("[green]gradients finite, not exploding, zeroed between steps (where observed)[/green]")
+        zeroing = "zeroed between steps" if (data.get("zeroing") or {}).get("observed") else "zeroing not observed"
+        console.print(f"[green]gradients finite, not exploding; {zeroing}[/green]")
 
 
 @click.command("torch grads", context_settings={"help_option_names": ["-h", "--help"]})
