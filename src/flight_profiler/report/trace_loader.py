@@ -82,6 +82,11 @@ class RawTrace:
     span_ts: float = float("inf")
     span_end: float = float("-inf")
     trace_window: tuple[float, float] | None = None
+    # Autograd: forward ops that recorded a graph node ("Sequence number", "Fwd thread id" 0;
+    # backward functions carry the forward thread's id), and backward functions run (autograd::engine::evaluate_function: ...).
+    autograd_fwd_ops: int = 0
+    backward_ops: int = 0
+    autograd_fwd_names: dict[str, int] = field(default_factory=dict)
 
     def intern(self, name: str) -> int:
         i = self.name_ids.get(name)
@@ -178,6 +183,11 @@ def load_trace(path: str) -> RawTrace:
                     th.name.append(intern(name))
                     if cat == "cpu_op":
                         th.kind.append(CPU_OP)
+                        if name.startswith("autograd::engine::evaluate_function"):
+                            raw.backward_ops += 1
+                        elif "Sequence number" in args and not args.get("Fwd thread id"):
+                            raw.autograd_fwd_ops += 1
+                            raw.autograd_fwd_names[name] = raw.autograd_fwd_names.get(name, 0) + 1
                         if name in SCALAR_OPS:
                             raw.scalar_ops.append((key, ts, end - ts, name))
                     elif cat == "python_function":

@@ -82,10 +82,12 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
     good = [v for v in norms if v is not None and math.isfinite(v)]
     rising = len(good) == len(norms) and len(good) >= T.grad_accumulation_min_points and all(
         b > a for a, b in zip(good, good[1:]))
-    accumulating = zeroed is False or (zeroed is None and rising and good[0] > 0
+    # Accumulated grads grow about linearly with the steps since the last zeroing; explosions
+    # multiply. Unobserved, only growth short of the explosion ratio reads as accumulation.
+    surging = bool(good) and good[0] > 0 and max(good) / good[0] >= T.grad_norm_growth_ratio
+    accumulating = zeroed is False or (zeroed is None and rising and not surging and good[0] > 0
                                        and good[-1] >= T.grad_accumulation_ratio * good[0])
-    exploding = bool(good) and (max(good) >= T.grad_norm_exploding or (
-        good[0] > 0 and max(good) / good[0] >= T.grad_norm_growth_ratio))
+    exploding = bool(good) and (max(good) >= T.grad_norm_exploding or surging)
     first = _first_nonfinite(doc, index)
     if accumulating:
         cause = ("optimizer.step() runs but zero_grad() is never called (neither the optimizer's nor "

@@ -1,0 +1,132 @@
+"""grad-health, graph-chain and eval-with-grad on artefacts made by real torch code: a streaming
+LSTM that carries its state without detaching it (censuses), an evaluation with grad on and the
+same with inference_mode (profiles)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from torch_agent_helpers import run_handler  # noqa: E402
+
+from flight_profiler.report.engine import analyze  # noqa: E402
+
+STREAM = """
+import torch
+
+class Streamer:
+    def __init__(self, detach):
+        self.lstm = torch.nn.LSTM(32, 64)
+        self.state = None
+        self.detach = detach
+
+    def chunk(self):
+        x = torch.randn(20, 4, 32)
+        out, state = self.lstm(x, self.state)
+        self.state = tuple(s.detach() for s in state) if self.detach else state
+        return out.mean().item()
+
+stream = None
+"""
+
+
+@pytest.fixture
+def streaming():
+    module = types.ModuleType("fp_stream")
+    module.__file__ = "/nonexistent/fp_stream.py"
+    sys.modules["fp_stream"] = module
+    exec(compile(textwrap.dedent(STREAM), module.__file__, "exec"), module.__dict__)
+    yield module
+    sys.modules.pop("fp_stream", None)
+    module.__dict__.clear()
+    gc.collect()
+
+
+def _censuses(module, tmp_path: Path, detach: bool) -> list[str]:
+    module.stream = module.Streamer(detach)
+    paths = []
+    for k in range(3):
+        for _ in range(15):
+            module.stream.chunk()
+        path = tmp_path / f"c{k}.json"
+        run_handler("torch tensors", {"path": str(path)})
+        paths.append(str(path))
+    return paths
+
+
+def test_carried_lstm_state_is_a_graph_chain_with_detach_fix(streaming, tmp_path):
+    report = analyze(_censuses(streaming, tmp_path, detach=False), jobs=1)
+    chain = [f for f in report.findings if f.rule == "graph-chain"]
+    assert chain, [(f.rule, f.title) for f in report.findings]
+    f = chain[0]
+    assert f.metrics["holder"].startswith("fp_stream.stream.state"), f.metrics
+    assert f.severity == "critical" and ".detach()" in f.title
+    graph = f.metrics["graph_bytes"]
+    assert graph[0] < graph[1] < graph[2]
+
+
+def test_detached_state_is_not_a_graph_chain(streaming, tmp_path):
+    report = analyze(_censuses(streaming, tmp_path, detach=True), jobs=1)
+    assert not [f for f in report.findings if f.rule == "graph-chain"]
+
+
+def _profile(tmp_path: Path, name: str, mode: str) -> str:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        x = torch.randn(32, 64)
+        if mode == "grad":
+            model(x)
+        elif mode == "inference":
+            with torch.inference_mode():
+                model(x)
+        else:
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            step()
+    path = tmp_path / name
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def test_eval_with_grad_on_is_found_and_fixed_by_inference_mode(tmp_path):
+    bad = analyze([_profile(tmp_path, "grad.json", "grad")], jobs=1)
+    (f,) = [f for f in bad.findings if f.rule == "eval-with-grad"]
+    assert f.metrics["forward_ops_recording"] >= 20 and "inference_mode" in f.fix[0]
+    for mode in ("inference", "train"):
+        ok = analyze([_profile(tmp_path, f"{mode}.json", mode)], jobs=1)
+        assert not [f for f in ok.findings if f.rule == "eval-with-grad"], mode
+
+
+def test_grads_document_loads_through_the_report(tmp_path):
+    doc = {"format": "flight_profiler.grads", "version": 1, "pid": 1, "time": 0.0, "mode": "method",
+           "target": "m.step", "models": [{"name": "m.model", "class": "X", "params": 2, "numel": 10,
+                                           "layers": [{"name": "a.weight"}, {"name": "b.weight"}]}],
+           "measurements": [{"models": [{"grad_norm": v, "layers": [[v, v, 0, 0, 1.0], [0.1, 0.1, 0, 0, 1.0]],
+                                         "weight_norms": [1.0, 1.0]}]} for v in (1.0, 2e3, 5e4)],
+           "optimizers": [], "zeroing": {"observed": False}}
+    (tmp_path / "g.json").write_text(json.dumps(doc))
+    report = analyze([str(tmp_path / "g.json")], jobs=1)
+    assert report.inputs[0].kind == "grads" and report.inputs[0].ok
+    (f,) = [f for f in report.findings if f.rule == "grad-health"]
+    assert f.metrics["pattern"] == "exploding" and "clip_grad_norm_" in f.fix[0]
+    doc["measurements"][2]["models"][0]["layers"][1] = ["nan", "nan", 3, 0, 1.0]
+    doc["measurements"][2]["models"][0]["grad_norm"] = "nan"
+    (tmp_path / "g.json").write_text(json.dumps(doc))
+    nf = [f for f in analyze([str(tmp_path / "g.json")], jobs=1).findings if f.metrics.get("pattern") == "non-finite"]
+    assert nf and nf[0].metrics["first_layer"] == "b.weight" and nf[0].metrics["first_measurement"] == 2
+    assert "exploded" in nf[0].root_cause
