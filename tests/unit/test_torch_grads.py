@@ -73,7 +73,7 @@ def _grads(tmp_path: Path, trainer: Any, calls: int = 4, **kw: Any) -> tuple[dic
 
 def test_healthy_loop_reports_finite_grads_and_zeroing(loops, tmp_path):
     trainer = loops.Trainer(zero_grad=True)
-    result, doc = _grads(tmp_path, trainer)
+    _, doc = _grads(tmp_path, trainer)
     assert doc["format"] == "flight_profiler.grads" and doc["mode"] == "method"
     (model,) = [m for m in doc["models"] if m["class"].endswith("Sequential")]
     assert model["name"].endswith("trainer.model") or model["name"].endswith(".model"), model["name"]

@@ -16,6 +16,7 @@ ends; only one ``torch anomaly`` runs at a time, so states never interleave.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -81,10 +82,8 @@ def make_watch(torch: Any) -> Any:
             out = func(*args, **(kwargs or {}))
             self.ops += 1
             if self.first is None:
-                try:
+                with contextlib.suppress(Exception):  # never into the target's op
                     self._check(func, args, kwargs, out)
-                except Exception:  # never into the target's op
-                    pass
             return out
 
         def _check(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:

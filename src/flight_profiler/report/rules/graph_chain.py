@@ -9,6 +9,8 @@ catches many graph-carrying tensors piling up in a container; this catches the s
 
 from __future__ import annotations
 
+from typing import Any
+
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule
 from flight_profiler.report.thresholds import T
@@ -25,19 +27,19 @@ def _where(path: str, example: str) -> str:
 def check(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     for series in ctx.census_series:
-        hist: dict[str, list[dict[str, object] | None]] = {}
+        hist: dict[str, list[dict[str, Any] | None]] = {}
         for k, c in enumerate(series):
             for h in c.data["holders"]:
                 hist.setdefault(h["path"], [None] * len(series))[k] = h
-        for path, points in hist.items():
+        for path, maybe in hist.items():
+            points = [p for p in maybe if p is not None]
+            if len(points) != len(series):
+                continue  # not held at every census: not one carried chain
             last = points[-1]
-            first = points[0]
-            if last is None or first is None or any(p is None for p in points):
+            if int(last["count"]) > T.graph_chain_max_tensors or int(last["with_grad_fn"]) < 1:
                 continue
-            if int(last["count"]) > T.graph_chain_max_tensors or int(last["with_grad_fn"]) < 1:  # type: ignore[call-overload]
-                continue
-            graph = [int(p["graph_bytes"]) for p in points]  # type: ignore[index, call-overload]
-            counts = [int(p["with_grad_fn"]) for p in points]  # type: ignore[index, call-overload]
+            graph = [int(p["graph_bytes"]) for p in points]
+            counts = [int(p["with_grad_fn"]) for p in points]
             if not all(b > a for a, b in zip(graph, graph[1:])):
                 continue
             growth = graph[-1] - graph[0]
@@ -52,8 +54,8 @@ def check(ctx: Context) -> list[Finding]:
                 summary=(f"{path} holds {last['count']} tensor(s) with grad_fn, and the graph behind "
                          f"them grew {fmt_bytes(graph[0])} -> {fmt_bytes(graph[-1])} across "
                          f"{len(series)} censuses{rate}: each step's graph is chained to the previous one."),
-                evidence=[f"{c.name}: {p['count']} tensor(s), {p['with_grad_fn']} with grad_fn, "  # type: ignore[index]
-                          f"graph {fmt_bytes(int(p['graph_bytes']))}" for c, p in zip(series, points)],  # type: ignore[index, call-overload]
+                evidence=[f"{c.name}: {p['count']} tensor(s), {p['with_grad_fn']} with grad_fn, "
+                          f"graph {fmt_bytes(int(p['graph_bytes']))}" for c, p in zip(series, points)],
                 where=[_where(path, example)],
                 root_cause=("State carried from one step to the next (RNN/LSTM hidden state, a running "
                             "sum of losses, a cache) keeps its grad_fn: the next step's graph hangs off the "
