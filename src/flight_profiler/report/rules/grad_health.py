@@ -127,6 +127,16 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
             cause = (f"the first non-finite {what} is in {layer} (module order); upstream of it the values were "
                      "finite: a NaN/Inf input, a log/sqrt/div of zero or negative values, or an overflow in "
                      "low precision there")
+        anomaly = (doc.get("anomaly") or {}).get("first")
+        found_by_anomaly = []
+        if isinstance(anomaly, dict):
+            op = f"{anomaly.get('op')} in {anomaly.get('phase')}" + (
+                f" ({anomaly['backward_node']})" if anomaly.get("backward_node") else "")
+            stack = [str(line) for line in anomaly.get("forward_stack") or []]
+            found_by_anomaly = [f"first NaN/Inf made by {op} (torch anomaly)",
+                                *(f"  {line}" for line in stack[-4:])]
+            if stack:
+                where = [*where, f"forward call: {stack[-1]}"]
         out.append(Finding(
             rule="grad-health", severity="critical",
             title=f"non-finite {what}s in {model['name']}, first in {layer}",
@@ -135,7 +145,7 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
             evidence=[f"grad norm per measurement: {shown}",
                       *(f"measurement {j + 1}: {m['models'][index].get('nonfinite_grad_layers', 0)} layers with "
                         f"non-finite grads, {m['models'][index].get('nonfinite_weight_layers', 0)} with non-finite "
-                        "weights" for j, m in enumerate(doc["measurements"]))][:8],
+                        "weights" for j, m in enumerate(doc["measurements"]))][:8] + found_by_anomaly,
             where=[*where, f"parameter {layer}"], root_cause=cause,
             fix=[*([ZERO_GRAD_FIX] if accumulating else []),
                  "Find the operation: `flight_profiler PID --cmd \"torch anomaly MODULE [CLASS] METHOD -n 1\"` "
