@@ -131,3 +131,21 @@ def test_snapshot_mode_keeps_no_reference_to_the_model(tmp_path):
     linear = [m for m in result["models"] if m["class"] == "torch.nn.modules.linear.Linear"]
     assert any(m["name"].endswith("main().model") for m in linear), [m["name"] for m in linear]
     assert result["zeroing"] == {"observed": False}
+
+
+def test_sparse_and_meta_parameters_do_not_break_the_measurement():
+    from flight_profiler.agent import grad_stats
+
+    emb = torch.nn.Embedding(50, 8, sparse=True)
+    emb(torch.tensor([1, 2, 3])).sum().backward()
+    meta = torch.nn.Linear(4, 4, device="meta")
+    lin = torch.nn.Linear(4, 1)
+    lin(torch.randn(2, 4)).sum().backward()
+    params = [("emb.weight", emb.weight), *(("meta." + n, p) for n, p in meta.named_parameters()),
+              *(("lin." + n, p) for n, p in lin.named_parameters())]
+    figures = grad_stats.measure(torch, params)
+    assert figures["with_grad"] == 3 and figures["unreadable"] == 2 and figures["without_grad"] == 0
+    # Three rows of each one in the sparse embedding: norm of its values (3 rows of ones).
+    assert figures["layers"][0][0] == pytest.approx((3 * 8) ** 0.5, rel=1e-5)
+    assert figures["layers"][1] is None and figures["weight_norms"][1] is None
+    assert figures["layers"][4][0] == pytest.approx(float(lin.bias.grad.norm()), rel=1e-5)

@@ -101,32 +101,26 @@ def measure(torch: Any, params: list[tuple[str, Any]]) -> dict[str, Any]:
     """One model's figures now. Rows: [grad_norm, grad_max_abs, nan, inf, weight_norm] or None
     (no grad) per parameter; totals computed as torch.nn.utils.clip_grad_norm_ does (L2 of L2s)."""
     started = time.perf_counter()
-    norm = torch.linalg.vector_norm
-    f32 = torch.float32
     scalars: list[Any] = []
-    has_grad: list[bool] = []
+    kinds: list[int] = []  # per parameter: 0 unreadable, 1 weight only (no grad), 2 grad and weight
     with torch.no_grad():
         for _, p in params[:MAX_LAYERS]:
-            g = p.grad
-            w = p.detach()
-            if g is None or g.numel() == 0:
-                has_grad.append(False)
-                scalars.append(norm(w, dtype=f32) if w.numel() else w.new_zeros((), dtype=f32))
-                continue
-            has_grad.append(True)
-            lo, hi = torch.aminmax(g)
-            scalars += [norm(g, dtype=f32), torch.maximum(lo.abs(), hi.abs()).to(f32), norm(w, dtype=f32)]
-            del g, lo, hi
+            try:
+                figures = _scalars(torch, p)
+            except Exception:  # meta/fake/odd tensors: left out, said in "unreadable"
+                figures = []
+            kinds.append({1: 1, 3: 2}.get(len(figures), 0))
+            scalars += figures
         values = torch.stack([s.to("cpu") for s in scalars]).tolist() if scalars else []
         del scalars
         rows: list[list[float] | None] = []
-        weight_norms: list[float] = []
+        weight_norms: list[float | None] = []
         k = 0
-        for (_, p), hg in zip(params, has_grad):
-            if not hg:
+        for (_, p), kind in zip(params, kinds):
+            if kind != 2:
                 rows.append(None)
-                weight_norms.append(values[k])
-                k += 1
+                weight_norms.append(values[k] if kind == 1 else None)
+                k += kind
                 continue
             gn, gmax, wn = values[k:k + 3]
             k += 3
@@ -134,17 +128,20 @@ def measure(torch: Any, params: list[tuple[str, Any]]) -> dict[str, Any]:
             if not (math.isfinite(gn) and math.isfinite(gmax)):
                 g = p.grad
                 if g is not None:  # cleared by another thread meanwhile
+                    if g.is_sparse:
+                        g = g.coalesce()._values()
                     nan, inf = int(torch.isnan(g).sum()), int(torch.isinf(g).sum())
                 del g
             rows.append([gn, gmax, nan, inf, wn])
             weight_norms.append(wn)
     grads = [r[0] for r in rows if r is not None]
     total = math.sqrt(sum(x * x for x in grads)) if grads else None
-    bad_weights = [i for i, wn in enumerate(weight_norms) if not math.isfinite(wn)]
+    bad_weights = [i for i, wn in enumerate(weight_norms) if wn is not None and not math.isfinite(wn)]
     return {
         "grad_norm": _num(total),
-        "weight_norm": _num(math.sqrt(sum(x * x for x in weight_norms if math.isfinite(x)))),
-        "with_grad": len(grads), "without_grad": len(rows) - len(grads),
+        "weight_norm": _num(math.sqrt(sum(x * x for x in weight_norms if x is not None and math.isfinite(x)))),
+        "with_grad": len(grads), "without_grad": sum(1 for kind in kinds if kind == 1),
+        "unreadable": sum(1 for kind in kinds if kind == 0),
         "nonfinite_grad_layers": sum(1 for r in rows if r is not None and (r[2] or r[3] or not math.isfinite(r[0]))),
         "nonfinite_weight_layers": len(bad_weights),
         "layers": [None if r is None else [_num(r[0]), _num(r[1]), r[2], r[3], _num(r[4])] for r in rows],
@@ -152,6 +149,26 @@ def measure(torch: Any, params: list[tuple[str, Any]]) -> dict[str, Any]:
         "elapsed_s": round(time.perf_counter() - started, 4),
         "thread": threading.current_thread().name,
     }
+
+
+def _scalars(torch: Any, p: Any) -> list[Any]:
+    """[weight norm] (no grad) or [grad norm, max |grad|, weight norm], as 0-d float32 tensors.
+    Sparse gradients (nn.Embedding(sparse=True)) are measured on their values."""
+    norm = torch.linalg.vector_norm
+    f32 = torch.float32
+    w = p.detach()
+    if w.is_meta:
+        raise ValueError("a meta tensor has no values")
+    wn = norm(w, dtype=f32) if w.numel() else w.new_zeros((), dtype=f32)
+    g = p.grad
+    if g is None or g.numel() == 0:
+        return [wn]
+    if g.is_sparse:
+        g = g.coalesce()._values()
+        if g.numel() == 0:
+            return [wn]
+    lo, hi = torch.aminmax(g)
+    return [norm(g, dtype=f32), torch.maximum(lo.abs(), hi.abs()).to(f32), wn]
 
 
 def _num(x: float | None) -> float | str | None:

@@ -130,3 +130,12 @@ def test_grads_document_loads_through_the_report(tmp_path):
     nf = [f for f in analyze([str(tmp_path / "g.json")], jobs=1).findings if f.metrics.get("pattern") == "non-finite"]
     assert nf and nf[0].metrics["first_layer"] == "b.weight" and nf[0].metrics["first_measurement"] == 2
     assert "exploded" in nf[0].root_cause
+
+
+def test_unreadable_parameters_are_not_called_non_finite():
+    from flight_profiler.report.rules.grad_health import findings_for
+
+    doc = {"models": [{"name": "m", "class": "X", "numel": 2, "layers": [{"name": "meta.weight"}, {"name": "w"}]}],
+           "measurements": [{"models": [{"grad_norm": 1.0, "layers": [None, [1.0, 1.0, 0, 0, 1.0]],
+                                         "weight_norms": [None, 1.0]}]}], "zeroing": {"observed": False}}
+    assert findings_for(doc, "g.json") == []

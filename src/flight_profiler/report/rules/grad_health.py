@@ -35,7 +35,7 @@ def _first_nonfinite(doc: dict[str, Any], index: int) -> tuple[int, str, str] | 
             name = names[i] if i < len(names) else f"#{i}"
             if row is not None and (not finite(row[0]) or row[2] or row[3]):
                 return k, name, "gradient"
-            if i < len(weights) and not finite(weights[i]):
+            if i < len(weights) and weights[i] is not None and not finite(weights[i]):
                 return k, name, "weight"
     return None
 
