@@ -77,6 +77,9 @@ def test_inference_service_with_grad_on(tmp_path):
     report, _, _ = diagnose(tmp_path, "eval_service.py", ["__main__", "Service", "predict"])
     (f,) = findings(report, "eval-with-grad")
     assert "inference_mode" in f["fix"][0] and f["metrics"]["forward_ops_recording"] >= 20
+    # The live calls confirm it, with the memory each one keeps for a backward that never comes.
+    (measured,) = f["metrics"]["measured"]
+    assert measured["target"] == "__main__.Service.predict" and min(measured["saved_bytes"]) >= 64 * 512 * 4
     assert not findings(report, "grad-health")  # no training here: nothing to say about grads
 
 

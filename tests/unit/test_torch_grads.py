@@ -149,3 +149,24 @@ def test_sparse_and_meta_parameters_do_not_break_the_measurement():
     assert figures["layers"][0][0] == pytest.approx((3 * 8) ** 0.5, rel=1e-5)
     assert figures["layers"][1] is None and figures["weight_norms"][1] is None
     assert figures["layers"][4][0] == pytest.approx(float(lin.bias.grad.norm()), rel=1e-5)
+
+
+def test_method_calls_report_what_they_save_for_backward(loops, tmp_path):
+    loops.Trainer.evaluate = lambda self, i: self.model(torch.randn(256, 8)).sum().item()  # grad on
+    trainer = loops.Trainer()
+    i = [0]
+
+    def drive() -> None:
+        trainer.step(i[0])
+        trainer.evaluate(i[0])
+        i[0] += 1
+
+    for method, built_and_unused in (("evaluate", True), ("step", False)):
+        out = tmp_path / f"{method}.json"
+        run_handler("torch grads", {"target": spec("fp_grads_workload", method, "Trainer"), "calls": 3,
+                                    "timeout": 30, "path": str(out)}, drive)
+        doc = json.loads(out.read_text())
+        costs = [m["autograd"] for m in doc["measurements"]]
+        floor = 256 * 16 * 4 if method == "evaluate" else 1  # evaluate: batch 256 x hidden 16
+        assert all(c["grad_enabled"] and c["saved_bytes"] >= floor for c in costs), costs
+        assert all((c["unpacked"] == 0) == built_and_unused for c in costs), (method, costs)

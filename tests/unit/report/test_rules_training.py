@@ -139,3 +139,20 @@ def test_unreadable_parameters_are_not_called_non_finite():
            "measurements": [{"models": [{"grad_norm": 1.0, "layers": [None, [1.0, 1.0, 0, 0, 1.0]],
                                          "weight_norms": [None, 1.0]}]}], "zeroing": {"observed": False}}
     assert findings_for(doc, "g.json") == []
+
+
+def test_live_calls_alone_show_eval_with_grad(tmp_path):
+    def doc(unpacked: int) -> dict:
+        return {"format": "flight_profiler.grads", "version": 1, "pid": 7, "time": 0.0, "mode": "method",
+                "target": "svc.Service.predict",
+                "models": [{"name": "svc.model", "class": "X", "params": 1, "numel": 4, "layers": [{"name": "w"}]}],
+                "measurements": [{"models": [{"grad_norm": None, "layers": [None], "weight_norms": [1.0]}],
+                                  "autograd": {"grad_enabled": True, "saved_tensors": 6, "saved_bytes": 3 << 20,
+                                               "unpacked": unpacked}} for _ in range(3)],
+                "optimizers": [], "zeroing": {"observed": True, "module_zero_grad_calls": [0]}}
+
+    (tmp_path / "eval.json").write_text(json.dumps(doc(0)))
+    (f,) = [f for f in analyze([str(tmp_path / "eval.json")], jobs=1).findings if f.rule == "eval-with-grad"]
+    assert "svc.Service.predict" in f.title and "3.0 MiB" in f.summary
+    (tmp_path / "train.json").write_text(json.dumps(doc(6)))  # a backward read what was saved
+    assert not [f for f in analyze([str(tmp_path / "train.json")], jobs=1).findings if f.rule == "eval-with-grad"]

@@ -5,7 +5,8 @@ args: target (optional ``module [class] method``: measure right after each of it
 a method), timeout, label, path / default_dir.
 Without a method, ``calls`` > 1 takes that many measurements ``interval`` apart, each at the
 main thread's safe point (reading grads while the training thread runs an op is a data race).
-While measuring more than once, optimizer steps and zero_grad calls are counted (optim_watch).
+While measuring more than once, optimizer steps and zero_grad calls are counted (optim_watch);
+with a method, what each call saves for backward and whether a backward read it (graph_cost).
 The document (``flight_profiler.grads`` v1, docs/commands-torch-grads.md) goes to a JSON file
 and is the result; the report's grad-health rule reads it.
 """
@@ -16,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from .. import call_window, grad_stats, optim_watch
+from .. import call_window, grad_stats, graph_cost, optim_watch
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
 from ..safepoint import at_safe_point
@@ -37,6 +38,17 @@ class _Run:
         self.optimizers: list[dict[str, Any]] = []
         self.model_ids: list[set[int]] = []
         self.measurements: list[dict[str, Any]] = []
+        self.call_cost: graph_cost.CallGraphCost | None = None
+
+    def start(self, index: int) -> None:
+        self.call_cost = graph_cost.CallGraphCost(self.torch)
+        self.call_cost.enter()
+
+    def stop(self, index: int) -> None:
+        cost, self.call_cost = self.call_cost, None
+        autograd = cost.exit() if cost is not None else None
+        self.measure(index)
+        self.measurements[-1]["autograd"] = autograd
 
     def measure(self, call: int | None) -> None:
         torch = self.torch
@@ -77,8 +89,7 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
     try:
         if spec:
             # In the target's own thread, right after the call: no race with its ops.
-            info = call_window.record_calls(ctx, spec, calls, timeout, lambda i: None, run.measure,
-                                            what="grads")
+            info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads")
         else:
             for i in range(calls):
                 if i and ctx.wait(interval):

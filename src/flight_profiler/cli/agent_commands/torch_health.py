@@ -74,7 +74,16 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
             console.print(f"  cause: {f.root_cause}")
         for fix in f.fix[:2]:
             console.print(f"  fix: {fix}")
-    if not findings and measurements:
+    from flight_profiler.report.rules.eval_with_grad import unused_graphs
+    from flight_profiler.report.units import fmt_bytes
+
+    unused = unused_graphs(data)
+    if unused:
+        mean = sum(unused["saved_bytes"]) / len(unused["saved_bytes"])
+        console.print(f"[yellow]warning:[/yellow] every measured call ran with autograd on and saved "
+                      f"{fmt_bytes(mean)} of activations that no backward read: evaluation with grad on")
+        console.print("  fix: wrap it in `with torch.inference_mode():` (or `torch.no_grad()`)")
+    elif not findings and measurements:
         zeroing = "zeroed between steps" if (data.get("zeroing") or {}).get("observed") else "zeroing not observed"
         console.print(f"[green]gradients finite, not exploding; {zeroing}[/green]")
 
