@@ -10,8 +10,9 @@ loaded machine):
 2. Hooks per training step, on a small model whose step takes milliseconds (where a fixed cost
    shows most): a plain step; the same after the hooks were installed and removed (idle: must
    be identical, nothing is left behind); with the zero_grad/step counters installed (what
-   `torch grads` keeps on while it measures); and with a measurement after every step
-   (`torch grads METHOD -n N`), small model and 100 M model.
+   `torch grads` keeps on while it measures); with a measurement after every step
+   (`torch grads METHOD -n N`), small model and 100 M model; and with the saved-tensor hooks
+   a measured call runs under (graph_cost.py).
 3. `torch anomaly` per call: anomaly mode + the NaN watch against the plain call.
 4. Evaluation with grad on vs `torch.inference_mode()`: time per call and the bytes the
    autograd graph holds (saved tensors, counted through saved_tensors_hooks).
@@ -34,7 +35,7 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 import torch.utils._python_dispatch  # noqa: E402  (loaded by torch anyway; explicit for nan_watch)
 
-from flight_profiler.agent import grad_stats, nan_watch, optim_watch  # noqa: E402
+from flight_profiler.agent import grad_stats, graph_cost, nan_watch, optim_watch  # noqa: E402
 from flight_profiler.agent.registry import Context  # noqa: E402
 
 
@@ -87,15 +88,20 @@ def hook_costs(repeat: int) -> dict[str, Any]:
     step, model, _ = small_loop()
     params = [(n, p) for n, p in model.named_parameters()]
 
-    def block(measure: bool) -> float:
+    def block(measure: bool, saved: bool = False) -> float:
         t0 = time.perf_counter()
         for _ in range(20):
+            cost = graph_cost.CallGraphCost(torch) if saved else None
+            if cost is not None:
+                cost.enter()
             step()
+            if cost is not None:
+                cost.exit()
             if measure:
                 grad_stats.measure(torch, params)
         return (time.perf_counter() - t0) / 20
 
-    ratios: dict[str, list[float]] = {"idle": [], "counting": [], "measuring": []}
+    ratios: dict[str, list[float]] = {"idle": [], "counting": [], "measuring": [], "saved_hooks": []}
     plains = []
     installed: list[str] = []
     block(False)
@@ -107,19 +113,22 @@ def hook_costs(repeat: int) -> dict[str, Any]:
         installed = watch.installed
         counting = block(False)
         measuring = block(True)
+        saved_hooks = block(False, saved=True)
         ctx.remove_hooks()
         idle = block(False)
         plains.append(plain)
         ratios["idle"].append(idle / plain)
         ratios["counting"].append(counting / plain)
         ratios["measuring"].append(measuring / plain)
+        ratios["saved_hooks"].append(saved_hooks / plain)
 
     def pct(key: str) -> float:
         return round(100 * (statistics.median(ratios[key]) - 1), 1)
 
     return {"step_s": statistics.median(plains), "rounds": len(plains),
             "idle_after_removal_pct": pct("idle"), "counting_hooks_pct": pct("counting"),
-            "measuring_every_step_pct": pct("measuring"), "hooks_installed": installed}
+            "measuring_every_step_pct": pct("measuring"), "saved_tensor_hooks_pct": pct("saved_hooks"),
+            "hooks_installed": installed}
 
 
 def anomaly_cost(repeat: int) -> dict[str, Any]:
@@ -186,7 +195,8 @@ def main() -> None:
           f"of batch 4), find+name models {g['find_and_name_s']:.3f} s")
     print(f"hooks per step ({h['step_s'] * 1e3:.2f} ms step, median of {h['rounds']} paired rounds): idle after removal {h['idle_after_removal_pct']:+.1f}%, "
           f"counting zero_grad/step {h['counting_hooks_pct']:+.1f}%, measuring after every step "
-          f"{h['measuring_every_step_pct']:+.1f}%")
+          f"{h['measuring_every_step_pct']:+.1f}%, saved-tensor hooks of a measured call "
+          f"{h['saved_tensor_hooks_pct']:+.1f}%")
     print(f"torch anomaly: {an['ratio']}x per call ({an['call_s'] * 1e3:.2f} -> {an['anomaly_call_s'] * 1e3:.2f} ms)")
     print(f"eval with grad on vs inference_mode: {ev['time_ratio']}x time, graph keeps "
           f"{ev['graph_saved_bytes_per_call'] / 2**20:.1f} MiB per call alive (output itself "
