@@ -33,9 +33,10 @@ def test_gpu_traces_verdict_names_step_time_and_the_operators_behind_it():
 
 def _cpu_trace(path: Path, extra_matmul: bool) -> str:
     torch = pytest.importorskip("torch")
-    a = torch.randn(256, 256)
+    # Big enough that a step is milliseconds: preemption on a loaded machine stays noise.
+    a = torch.randn(512, 512)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for step in range(4):
+        for step in range(7):
             # The annotation prof.step() writes under a schedule: the report's step boundaries.
             with torch.profiler.record_function(f"ProfilerStep#{step}"):
                 x = torch.relu(a @ a)
