@@ -178,6 +178,18 @@ def test_anomaly_restores_flags_on_ctrl_c_mid_call(job):
     assert not any("anomaly" in h for h in status.get("hooks", [])), status
 
 
+def test_anomaly_restores_flags_when_the_client_vanishes(job):
+    inside = job.target.stdout.count("in True False")
+    cli = job.background("torch anomaly __main__ Trainer slow -n 50 --timeout 120")
+    job.wait_inside(inside)
+    cli.kill()  # SIGKILL: no cancel message, the connection just drops
+    cli.wait(30)
+    assert job.state_after_now() == "False False"
+    # The agent took the drop as a cancel: a new anomaly request may start (nothing left busy).
+    result = job.json("torch anomaly __main__ Trainer slow -n 1")
+    assert result["anomaly_before"] == result["anomaly_after"] == {"enabled": False, "check_nan": False}
+
+
 def test_anomaly_restores_flags_on_detach(job):
     inside = job.target.stdout.count("in True False")
     cli = job.background("torch anomaly __main__ Trainer slow -n 50 --timeout 120")
