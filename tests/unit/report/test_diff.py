@@ -84,3 +84,19 @@ def test_mixed_kinds_and_wrong_counts_are_clear_errors(tmp_path):
     assert mixed.returncode == 8 and "cannot compare" in mixed.stderr
     ok = subprocess.run([*cli, census, census, "--json"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and json.loads(ok.stdout)["verdict"].startswith("live tensor memory unchanged")
+
+
+def test_snapshot_diff_says_what_memory_changed(tmp_path):
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from torch_agent_helpers import run_handler
+
+    keep = [torch.zeros(1 << 20)]  # 4 MiB
+    run_handler("torch memory", {"mode": "snapshot", "path": str(tmp_path / "s1.pickle")})
+    keep.append(torch.zeros(4 << 20))  # + 16 MiB
+    run_handler("torch memory", {"mode": "snapshot", "path": str(tmp_path / "s2.pickle")})
+    d = compare(str(tmp_path / "s1.pickle"), str(tmp_path / "s2.pickle"))
+    assert d.kind == "snapshot" and d.headline is not None
+    assert d.headline.after - d.headline.before >= 16 << 20  # type: ignore[operator]
+    assert d.verdict.startswith("allocated +")
+    del keep
