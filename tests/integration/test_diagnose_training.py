@@ -1,5 +1,6 @@
 """`flight_profiler diagnose` on training-health workloads written as users write them (state in
-an object created inside main()): a loop that never calls zero_grad(), an inference service with
+an object created inside main()): a loop that never calls zero_grad() (fed by a DataLoader with
+worker processes, re-forked every epoch while the hooks are in), an inference service with
 autograd on, a streaming LSTM that never detaches its state. Each must be diagnosed right and
 keep running, unharmed, until told to stop; then exit 0.
 """
