@@ -114,3 +114,14 @@ def test_target_exception_still_restores(loop):
     result, _ = run_handler("torch anomaly", {"target": spec(loop.__name__, "boom"), "calls": 2, "timeout": 20}, drive)
     assert result["calls_recorded"] == 2
     assert (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) == (False, True)
+
+
+def test_generator_methods_are_refused_before_anything_changes(loop):
+    def batches():
+        yield torch.ones(1)
+
+    loop.batches = batches
+    with pytest.raises(CommandError, match="generator or coroutine"):
+        run_handler("torch anomaly", {"target": spec(loop.__name__, "batches"), "calls": 1, "timeout": 1})
+    assert (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) == (False, True)
+    assert hooks.active() == [] and not nan_watch.BUSY.locked()

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from .. import call_window, nan_watch
+from .. import call_window, graph_cost, nan_watch
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
 from ..torch_support import get_torch
@@ -78,6 +78,10 @@ def handle_anomaly(ctx: Context) -> dict[str, Any]:
                            "e.g. `torch anomaly __main__ train_step -n 1`", ERR_USAGE)
     calls = int(ctx.arg("calls", 1) or 1)
     timeout = float(ctx.arg("timeout", 60.0) or 60.0)
+    if graph_cost.suspends(spec):
+        raise CommandError("torch anomaly cannot watch a generator or coroutine method",
+                           "its calls span suspensions during which other code runs; name the "
+                           "function it calls for each step instead", ERR_USAGE)
     if not hasattr(torch, "set_anomaly_enabled"):
         raise CommandError("this torch has no torch.set_anomaly_enabled", "torch >= 1.10 is needed", ERR_FAILED)
     if not nan_watch.BUSY.acquire(blocking=False):

@@ -39,10 +39,12 @@ class _Run:
         self.model_ids: list[set[int]] = []
         self.measurements: list[dict[str, Any]] = []
         self.call_cost: graph_cost.CallGraphCost | None = None
+        self.with_graph_cost = True
 
     def start(self, index: int) -> None:
-        self.call_cost = graph_cost.CallGraphCost(self.torch)
-        self.call_cost.enter()
+        if self.with_graph_cost:
+            self.call_cost = graph_cost.CallGraphCost(self.torch)
+            self.call_cost.enter()
 
     def stop(self, index: int) -> None:
         cost, self.call_cost = self.call_cost, None
@@ -88,6 +90,7 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
         if spec:
+            run.with_graph_cost = not graph_cost.suspends(spec)
             # In the target's own thread, right after the call: no race with its ops.
             info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads")
         else:
