@@ -156,3 +156,22 @@ def test_live_calls_alone_show_eval_with_grad(tmp_path):
     assert "svc.Service.predict" in f.title and "3.0 MiB" in f.summary
     (tmp_path / "train.json").write_text(json.dumps(doc(6)))  # a backward read what was saved
     assert not [f for f in analyze([str(tmp_path / "train.json")], jobs=1).findings if f.rule == "eval-with-grad"]
+
+
+def test_carried_state_is_named_from_the_calls_even_when_held_by_a_local(streaming, tmp_path):
+    stream = streaming.Streamer(detach=False)  # held by this function's local only
+
+    def drive() -> None:
+        stream.chunk()
+
+    for detach, expect in ((False, True), (True, False)):
+        stream.detach = detach
+        stream.state = None
+        path = tmp_path / f"g{int(detach)}.json"
+        run_handler("torch grads", {"target": {"module": "fp_stream", "class": "Streamer", "method": "chunk",
+                                               "nested": None}, "calls": 4, "timeout": 30, "path": str(path)}, drive)
+        chain = [f for f in analyze([str(path)], jobs=1).findings if f.rule == "graph-chain"]
+        assert bool(chain) == expect, (detach, [f.title for f in chain])
+        if expect:
+            assert [f.metrics["holder"] for f in chain] == ["fp_stream.Streamer.chunk: self.state[0]"]
+            assert ".detach()" in chain[0].title and chain[0].metrics["per_call"] > 0

@@ -6,7 +6,8 @@ a method), timeout, label, path / default_dir.
 Without a method, ``calls`` > 1 takes that many measurements ``interval`` apart, each at the
 main thread's safe point (reading grads while the training thread runs an op is a data race).
 While measuring more than once, optimizer steps and zero_grad calls are counted (optim_watch);
-with a method, what each call saves for backward and whether a backward read it (graph_cost).
+with a method, what each call saves for backward and whether a backward read it (graph_cost),
+and the size of the graphs it returns or leaves on ``self`` (carried_graphs).
 The document (``flight_profiler.grads`` v1, docs/commands-torch-grads.md) goes to a JSON file
 and is the result; the report's grad-health rule reads it.
 """
@@ -14,10 +15,11 @@ and is the result; the report's grad-health rule reads it.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
-from .. import call_window, grad_stats, graph_cost, optim_watch
+from .. import call_window, carried_graphs, grad_stats, graph_cost, hooks, optim_watch, targets
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
 from ..safepoint import at_safe_point
@@ -40,8 +42,12 @@ class _Run:
         self.measurements: list[dict[str, Any]] = []
         self.call_cost: graph_cost.CallGraphCost | None = None
         self.with_graph_cost = True
+        self.active_thread: int | None = None
+        self.carried: dict[str, int] | None = None
 
     def start(self, index: int) -> None:
+        self.active_thread = threading.get_ident()
+        self.carried = None
         if self.with_graph_cost:
             self.call_cost = graph_cost.CallGraphCost(self.torch)
             self.call_cost.enter()
@@ -49,8 +55,23 @@ class _Run:
     def stop(self, index: int) -> None:
         cost, self.call_cost = self.call_cost, None
         autograd = cost.exit() if cost is not None else None
+        self.active_thread = None
         self.measure(index)
         self.measurements[-1]["autograd"] = autograd
+        self.measurements[-1]["carried"] = self.carried
+
+    def watch_carried(self, ctx: Context, spec: dict[str, Any]) -> None:
+        """Sizes of the graphs the recorded calls return or leave on ``self`` (carried_graphs).
+
+        Installed before record_calls' own hook, so that on the way out it runs first and
+        ``stop`` finds the sizes of the call it is closing."""
+        target = targets.resolve(spec)
+
+        def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+            if exc is None and threading.get_ident() == self.active_thread:
+                self.carried = carried_graphs.sizes(self.torch, token[0], target.bound_first, value)
+
+        ctx.add_hook(f"torch grads: graphs carried by {target.description}", hooks.install(target, None, on_exit))
 
     def measure(self, call: int | None) -> None:
         torch = self.torch
@@ -91,6 +112,7 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
     try:
         if spec:
             run.with_graph_cost = not graph_cost.suspends(spec)
+            run.watch_carried(ctx, spec)
             # In the target's own thread, right after the call: no race with its ops.
             info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads")
         else:
