@@ -16,6 +16,7 @@ loaded machine):
 3. `torch anomaly` per call: anomaly mode + the NaN watch against the plain call.
 4. Evaluation with grad on vs `torch.inference_mode()`: time per call and the bytes the
    autograd graph holds (saved tensors, counted through saved_tensors_hooks).
+5. The carried-graph check after a measured call, on a 60 000-op chain (and freeing it after).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 import torch.utils._python_dispatch  # noqa: E402  (loaded by torch anyway; explicit for nan_watch)
 
-from flight_profiler.agent import grad_stats, graph_cost, nan_watch, optim_watch  # noqa: E402
+from flight_profiler.agent import carried_graphs, grad_stats, graph_cost, nan_watch, optim_watch  # noqa: E402
 from flight_profiler.agent.registry import Context  # noqa: E402
 
 
@@ -174,6 +175,31 @@ def eval_cost(repeat: int, width: int) -> dict[str, Any]:
             "graph_saved_bytes_per_call": saved[0], "output_bytes": 64 * width * 4}
 
 
+def carried_walk_cost() -> dict[str, Any]:
+    """The carried-graph check after a measured call, on state chained over 60 000 ops."""
+
+    class Holder:
+        h: torch.Tensor
+
+    holder = Holder()
+    x = torch.zeros(4, requires_grad=True)
+    for _ in range(60_000):
+        x = x * 1.0001 + 1.0
+    holder.h = x
+    del x
+    probe = carried_graphs.CarriedGraphs(torch)
+    probe.after_call((holder,), True, None)
+    samples = []
+    for _ in range(3):
+        holder.h = holder.h * 1.0001
+        t0 = time.perf_counter()
+        result = probe.after_call((holder,), True, None)
+        samples.append(time.perf_counter() - t0)
+    holder.h = torch.zeros(1)  # freeing the chain must be safe after the check
+    return {"chain_ops": 60_000, "check_s": round(statistics.median(samples), 6),
+            "chained": result["self.h"]["chained"], "walked": result["self.h"]["walked"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=6)
@@ -183,13 +209,14 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)  # a shared 2-core machine: one thread gives steadier ratios
     out = {"hooks": hook_costs(a.repeat), "anomaly": anomaly_cost(a.repeat),
-           "eval_with_grad": eval_cost(a.repeat, 1024)}
+           "eval_with_grad": eval_cost(a.repeat, 1024), "carried_walk": carried_walk_cost()}
     gc.collect()
     out["grads_100M"] = big_model(a.layers, a.width)
     if a.json:
         print(json.dumps(out, indent=2))
         return
     g, h, an, ev = out["grads_100M"], out["hooks"], out["anomaly"], out["eval_with_grad"]
+    cw = out["carried_walk"]
     print(f"torch grads on {g['parameters'] / 1e6:.1f} M parameters: measure {g['measure_s']:.3f} s "
           f"({g['measure_over_plain_pass']}x one plain pass over the grads, {g['measure_over_step']}x a train step "
           f"of batch 4), find+name models {g['find_and_name_s']:.3f} s")
@@ -201,6 +228,8 @@ def main() -> None:
     print(f"eval with grad on vs inference_mode: {ev['time_ratio']}x time, graph keeps "
           f"{ev['graph_saved_bytes_per_call'] / 2**20:.1f} MiB per call alive (output itself "
           f"{ev['output_bytes'] / 2**20:.2f} MiB)")
+    print(f"carried-graph check on a {cw['chain_ops']}-op chain: {cw['check_s'] * 1e6:.0f} us per tensor per "
+          f"measured call ({cw['walked']} nodes looked at, chained={cw['chained']}); freeing it afterwards: ok")
 
 
 if __name__ == "__main__":

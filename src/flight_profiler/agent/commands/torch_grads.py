@@ -43,7 +43,7 @@ class _Run:
         self.call_cost: graph_cost.CallGraphCost | None = None
         self.with_graph_cost = True
         self.active_thread: int | None = None
-        self.carried: dict[str, int] | None = None
+        self.carried: dict[str, Any] | None = None
 
     def start(self, index: int) -> None:
         self.active_thread = threading.get_ident()
@@ -66,10 +66,11 @@ class _Run:
         Installed before record_calls' own hook, so that on the way out it runs first and
         ``stop`` finds the sizes of the call it is closing."""
         target = targets.resolve(spec)
+        carried = carried_graphs.CarriedGraphs(self.torch)
 
         def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
             if exc is None and threading.get_ident() == self.active_thread:
-                self.carried = carried_graphs.sizes(self.torch, token[0], target.bound_first, value)
+                self.carried = carried.after_call(token[0], target.bound_first, value)
 
         ctx.add_hook(f"torch grads: graphs carried by {target.description}", hooks.install(target, None, on_exit))
 

@@ -70,8 +70,8 @@ def check(ctx: Context) -> list[Finding]:
 
 
 def _from_calls(ctx: Context) -> list[Finding]:
-    """From `torch grads METHOD`: a tensor the method returns or keeps on ``self`` whose graph
-    has more nodes after every call."""
+    """From `torch grads METHOD`: a tensor the method returns or keeps on ``self`` whose graph,
+    after every call, reaches the root the same tensor had after the previous call."""
     out: list[Finding] = []
     for g in ctx.grads:
         doc = g.data
@@ -79,31 +79,30 @@ def _from_calls(ctx: Context) -> list[Finding]:
         if len(carried) < 3 or any(not isinstance(c, dict) for c in carried):
             continue
         named: set[str] = set()
-        for name in carried[0]:
-            nodes = [int(c.get(name, 0)) for c in carried]
-            if name.split("[")[0] in named or not all(b > a for a, b in zip(nodes, nodes[1:])):
+        for name in carried[-1]:
+            links = [c.get(name, {}).get("chained") for c in carried[1:]]
+            if name.split("[")[0] in named or not links or not all(link is True for link in links):
                 continue
             named.add(name.split("[")[0])  # one finding for (h, c): the same state
-            per_call = (nodes[-1] - nodes[0]) / (len(nodes) - 1)
             holder = f"{doc.get('target')}: {name}"
             what = "returns" if name.startswith("return") else "keeps on self"
+            var = "h" if name.startswith("return") else name.split("[")[0]
             out.append(Finding(
                 rule="graph-chain", severity="critical",
                 title=f"{holder} carries an autograd graph that grows at every call: .detach() it",
-                summary=(f"The tensor {doc.get('target')} {what} ({name}) has a graph of "
-                         f"{nodes[0]} -> {nodes[-1]} autograd nodes over {len(nodes)} calls (+{per_call:.0f} "
-                         "per call): each call's graph hangs off the previous one."),
-                evidence=[f"autograd nodes behind {name} after each measured call: "
-                          + ", ".join(str(n) for n in nodes)],
+                summary=(f"After each of {len(carried)} calls, the graph behind the tensor {doc.get('target')} "
+                         f"{what} ({name}) reached the one it had after the previous call: each call's graph "
+                         "hangs off the previous one, so it grows for as long as the program runs."),
+                evidence=[f"call {k + 2}: the graph of {name} reaches the previous call's root "
+                          f"({c[name].get('walked')} nodes looked at)" for k, c in enumerate(carried[1:])],
                 where=[holder],
                 root_cause=("State carried from one call to the next keeps its grad_fn: the next call's "
                             "graph hangs off it, so memory (every saved activation) grows for as long as "
                             "the program runs, and a backward would walk all of it."),
-                fix=[f"Detach where the state is carried over: `{name.replace('return', 'h')} = "
-                     f"{name.replace('return', 'h')}.detach()` (LSTM state: detach both h and c) "
-                     "before the next call (truncated BPTT).",
+                fix=[f"Detach where the state is carried over, before the next call: `{var} = {var}.detach()` "
+                     "(an LSTM's (h, c): detach both), i.e. truncated BPTT.",
                      "If no backward is needed at all, run the calls under `torch.inference_mode()`."],
-                inputs=[g.path], metrics={"holder": holder, "nodes": nodes, "per_call": per_call}))
+                inputs=[g.path], metrics={"holder": holder, "links": links}))
     return out
 
 
