@@ -49,6 +49,7 @@ class FakeDriver:
         self.timeouts: list[float | None] = []
         self.censuses = 0
         self.overrides = overrides or {}
+        self.zero_grad = True  # the fake model's optimizer calls zero_grad() every step
 
     def run(self, line: str, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
         self.lines.append(line)
@@ -86,6 +87,10 @@ class FakeDriver:
             return {"reason": "count", "matched": count, "target": "__main__.train_step"}
         if words[:2] == ["torch", "dataloader"]:
             return {"loaders": [], "threads": [], "sampled_s": 0.5, "cpus": 2}
+        if words[:2] == ["torch", "grads"]:
+            doc = grads_doc(count, self.zero_grad)
+            Path(path or "").write_text(json.dumps(doc))
+            return doc
         if words[0] == "trace":
             for n in range(count):
                 on_event({"type": "trace", "n": n + 1, "tree": {
@@ -94,6 +99,21 @@ class FakeDriver:
                         {"name": "backward", "ms": 3.0, "count": 1}]}})
             return {"reason": "count"}
         raise AssertionError(f"unexpected command {line!r}")
+
+
+def grads_doc(count: int, zeroed: bool = True) -> dict[str, Any]:
+    """A model and its optimizer as `torch grads` writes them (zeroed: zero_grad() each step)."""
+    return {"format": "flight_profiler.grads", "version": 1, "pid": 4242, "time": 0.0, "mode": "method",
+            "target": "__main__.train_step",
+            "models": [{"name": "__main__.model", "class": "torch.nn.modules.linear.Linear", "params": 1,
+                        "numel": 10, "layers": [{"name": "weight"}]}],
+            "measurements": [{"models": [{"grad_norm": float(n + 1) if not zeroed else 1.0,
+                                          "layers": [[float(n + 1), 1.0, 0, 0, 1.0]],
+                                          "weight_norms": [1.0], "nonfinite_grad_layers": 0}]}
+                             for n in range(count)],
+            "optimizers": [{"class": "torch.optim.sgd.SGD", "params": 1, "model": 0, "lr": 0.1,
+                            "steps": count, "zero_grad_calls": count if zeroed else 0}],
+            "zeroing": {"observed": True, "module_zero_grad_calls": [0]}}
 
 
 @pytest.fixture
@@ -130,7 +150,8 @@ def test_cpu_run_runs_every_phase_and_writes_everything(options: DiagnoseOptions
     result = run_diagnosis(driver, options)
     st = statuses(result)
     for name in ("status", "locate", "memory", "snapshot-before", "census-before", "profile",
-                 "record", "watch", "input", "trace", "census-after", "snapshot-after", "report"):
+                 "record", "watch", "input", "trace", "grads", "census-after", "snapshot-after",
+                 "report"):
         assert st[name] == "ok", (name, result.phase(name).reason)
     assert any(" -s " in ln for ln in driver.lines) and any(" -r " in ln for ln in driver.lines)
     out = Path(options.out_dir)
@@ -166,6 +187,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
         "torch dataloader --sample 0.5",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
+        f"torch grads __main__ train_step -n 4 -f {out}/grads.json --timeout 7",
         f"torch tensors -f {out}/census-after.json --diff {out}/census-before.json",
         f"torch memory -s -f {out}/snapshot-after.pickle",
     ]
@@ -260,11 +282,11 @@ def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOp
 def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions) -> None:
     progress = Recorder()
     run_diagnosis(FakeDriver(), options, progress)
-    assert progress.lines[0] == "phase 1/13 Check the target (torch, CUDA)"
+    assert progress.lines[0] == "phase 1/14 Check the target (torch, CUDA)"
     assert "waiting waiting for train_step to be called: 3 of 4 calls" in progress.lines
     assert "waiting 4 of 4 calls seen; the agent is finishing (writing its files)" in progress.lines
     assert progress.lines[-1] == "done report ok"
-    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 13
+    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 14
 
 
 def test_partial_calls_are_kept_and_said(options: DiagnoseOptions) -> None:
@@ -415,3 +437,40 @@ def test_a_trace_based_dataloader_finding_gets_the_fix_from_the_real_settings(
     # THEN its first fix starts from num_workers=2 (not a generic "use num_workers=N")
     assert f.fix[0].startswith("`num_workers=2`")
     assert any("persistent_workers=True" in line for line in f.fix)
+
+
+def test_grads_phase_feeds_the_report_the_missing_zero_grad(options: DiagnoseOptions) -> None:
+    driver = FakeDriver()
+    driver.zero_grad = False
+    result = run_diagnosis(driver, options)
+    assert result.phase("grads").status == "ok"
+    assert result.phase("grads").files == [f"{options.out_dir}/grads.json"]
+    assert result.report is not None
+    acc = [f for f in result.report.findings if f.metrics.get("pattern") == "grads-accumulating"]
+    assert acc and acc[0].severity == "critical" and "__main__.model" in acc[0].title
+
+
+def test_nan_grads_lead_to_one_anomaly_call(options: DiagnoseOptions) -> None:
+    def nan_grads(words: list[str], on_event: Any) -> dict[str, Any]:
+        doc = grads_doc(int(words[words.index("-n") + 1]))
+        doc["measurements"][-1]["models"][0].update(grad_norm="nan", nonfinite_grad_layers=1,
+                                                    layers=[["nan", "nan", 10, 0, 1.0]])
+        Path(words[words.index("-f") + 1]).write_text(json.dumps(doc))
+        return doc
+
+    def anomaly(words: list[str], on_event: Any) -> dict[str, Any]:
+        state = {"enabled": False, "check_nan": True}
+        return {"calls_recorded": 1, "anomaly_before": state, "anomaly_after": state,
+                "first": {"op": "aten.log.default", "phase": "forward", "forward_stack": ["train.py:12 in step"]}}
+
+    driver = FakeDriver(overrides={"torch grads": nan_grads, "torch anomaly": anomaly})
+    result = run_diagnosis(driver, options)
+    assert "torch anomaly __main__ train_step -n 1 --timeout 7" in driver.lines
+    grads = result.phase("grads")
+    assert grads.data["anomaly"] == {"first": anomaly([], None)["first"], "restored": True}
+    assert grads.command.endswith("; torch anomaly __main__ train_step -n 1 --timeout 7")
+    assert result.report is not None
+    nf = [f for f in result.report.findings if f.metrics.get("pattern") == "non-finite"]
+    assert nf and nf[0].metrics["first_layer"] == "weight"
+    assert "forward call: train.py:12 in step" in nf[0].where
+    assert any("aten.log.default in forward" in line for line in nf[0].evidence)

@@ -36,6 +36,8 @@ HANDLERS: dict[str, str] = {
     "torch profile": "torch_profile:handle_profile",
     "torch fr": "torch_fr:handle",
     "torch dataloader": "torch_dataloader:handle_dataloader",
+    "torch grads": "torch_grads:handle_grads",
+    "torch anomaly": "torch_anomaly:handle_anomaly",
 }
 
 

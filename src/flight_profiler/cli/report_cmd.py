@@ -22,6 +22,7 @@ Examples:
   flight_profiler report logs/profiler/ --format html -o report.html
   flight_profiler report snap1.pickle snap2.pickle census*.json --json
   flight_profiler report trace.json.gz --fail-on warning   (CI: exit 9 on findings)
+  flight_profiler report --diff before.json.gz after.json.gz   (what a fix changed)
 
 \b
 Exit codes: 0 done (some files may be unreadable: they are listed), 8 no input
@@ -46,13 +47,19 @@ def _printable(path: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--fail-on", type=click.Choice(["info", "warning", "critical"]),
               help="Exit with code 9 when a finding of this severity or worse is found.")
+@click.option("--diff", "diff", is_flag=True,
+              help="Compare two inputs, BEFORE AFTER (traces, snapshots or censuses): per-step, operator, "
+                   "kernel and memory changes with a verdict.")
 def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json: bool,
-           fail_on: str | None) -> None:
+           fail_on: str | None, diff: bool) -> None:
     """Diagnose FILE... against the known PyTorch problem patterns."""
     from flight_profiler.report import analyze
 
     if as_json:
         fmt = "json"
+    if diff:
+        _diff(files, fmt, output)
+        return
     result = analyze(list(files))
     if not result.readable and len(result.errors) == 1:
         # One unreadable input: its reason is the error itself, said once.
@@ -83,3 +90,41 @@ def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json:
                 >= ["info", "warning", "critical"].index(fail_on))
         raise FindingsThreshold(f"{n} finding(s) at or above {fail_on} (--fail-on {fail_on})",
                                 "See the report above; fix them or raise --fail-on.")
+
+
+def _diff(files: tuple[str, ...], fmt: str | None, output: str | None) -> None:
+    import json
+
+    from flight_profiler.errors import UsageError
+    from flight_profiler.report.diff import DiffError, compare
+
+    if len(files) != 2:
+        raise UsageError(f"--diff takes exactly two inputs, BEFORE AFTER (got {len(files)})",
+                         "e.g. `flight_profiler report --diff before.json.gz after.json.gz`")
+    try:
+        result = compare(files[0], files[1])
+    except DiffError as exc:
+        raise BadInputFile(f"cannot compare: {exc}", "Pass two traces, two snapshots or two censuses.") from None
+    if fmt == "html":
+        raise UsageError("--diff has no HTML view", "use --format md or --json")
+    if fmt == "json" or (output and output.endswith(".json")):
+        text = json.dumps(result.to_dict(), indent=2) + "\n"
+    elif fmt == "md" or output:
+        from flight_profiler.render.diff_view import diff_markdown
+
+        text = diff_markdown(result)
+    else:
+        from flight_profiler.render.diff_view import print_diff
+
+        print_diff(result)
+        return
+    if output:
+        try:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise FlightProfilerError(f"cannot write {output}: {exc.strerror or exc}",
+                                      "Check that the directory exists and is writable.") from None
+        click.echo(f"wrote diff to {output}", err=True)
+    else:
+        sys.stdout.write(text)

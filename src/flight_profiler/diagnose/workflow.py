@@ -334,6 +334,8 @@ def _expect_file(phase: PhaseResult, quoted: str) -> None:
 
 PhaseFn = Callable[[Run, PhaseResult], None]
 
+from flight_profiler.diagnose.training import phase_grads  # noqa: E402  (it imports this module lazily)
+
 PHASES: list[tuple[str, str, PhaseFn]] = [
     ("status", "Check the target (torch, CUDA)", phase_status),
     ("locate", "Find the method and wait for a call", phase_locate),
@@ -345,6 +347,7 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
     ("watch", "Watch the method's cost", phase_watch),
     ("input", "DataLoaders, and where the loop waits", phase_input),
     ("trace", "Trace where the time goes", phase_trace),
+    ("grads", "Gradient health (and the first NaN)", phase_grads),
     ("census-after", "Tensor census (after)", phase_census_after),
     ("snapshot-after", "Memory snapshot (after)", phase_snapshot_after),
 ]

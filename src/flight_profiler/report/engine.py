@@ -43,6 +43,7 @@ def build_context(inputs: list[InputResult]) -> Context:
         snapshots=[i for i in ok if i.kind == "snapshot"],
         censuses=[i for i in ok if i.kind == "census"],
         stacks=[i for i in ok if i.kind == "stacks"],
+        grads=[i for i in ok if i.kind == "grads"],
     )
     # A `-r` recording is the allocations of a few calls: no point of memory over time.
     ctx.snapshot_series = _series([s for s in ctx.snapshots if not s.data.get("recorded_calls")])

@@ -53,6 +53,10 @@ if msgspec is not None:
         total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
         nbytes: Any = msgspec.field(default=None, name="Bytes")
         addr: Any = msgspec.field(default=None, name="Addr")
+        # autograd: a forward op that recorded a graph node has a sequence number; backward
+        # functions carry the forward thread's id as well
+        seq: Any = msgspec.field(default=None, name="Sequence number")
+        fwd_tid: Any = msgspec.field(default=None, name="Fwd thread id")
 
     class Event(msgspec.Struct, gc=False):
         # Typed fields decode faster than Any (no dispatch on the value); a value of another
@@ -80,7 +84,7 @@ else:  # pragma: no cover - the same shapes as plain classes, for the stdlib pat
 
     class Args(_Plain):  # type: ignore[no-redef]
         _fields = ("stream", "correlation", "device", "bytes", "device_type", "device_id",
-                   "total_allocated", "total_reserved", "nbytes", "addr")
+                   "total_allocated", "total_reserved", "nbytes", "addr", "seq", "fwd_tid")
 
     class Event(_Plain):  # type: ignore[no-redef]
         _fields = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")

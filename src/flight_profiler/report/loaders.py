@@ -16,6 +16,7 @@ import zlib
 from typing import Any
 
 from flight_profiler.report.census import CensusFormatError, parse_census
+from flight_profiler.report.grads import GradsFormatError, parse_grads
 from flight_profiler.report.job_metrics import job_metrics
 from flight_profiler.report.jsonstream import (
     NotRegularFile,
@@ -170,6 +171,12 @@ def _load(path: str) -> InputResult:
         return InputResult(path, "census", True, data=data)
     if b'"flight_profiler.rank_stacks"' in head:
         return _load_stacks(path)
+    if b'"flight_profiler.grads"' in head:
+        try:
+            grads = parse_grads(_read_all(path, MAX_CENSUS_BYTES, "gradient-health document").decode("utf-8"))
+        except (GradsFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+            return InputResult(path, "grads", False, f"bad gradient-health document: {exc}")
+        return InputResult(path, "grads", True, data=grads)
     try:
         raw = load_trace(path)
     except TraceFormatError as exc:

@@ -73,6 +73,20 @@ class Thresholds:
     frag_inactive_split_blocks: int = 64
     # memory pressure: peak above this share of device memory (torch-tb-profiler used 90 %).
     peak_memory_pct: float = 90.0
+    # grad-health: total grad norm (L2 of the parameters' L2 norms, as clip_grad_norm_ computes
+    # it) above this, or growing this many times within one measurement window, is exploding.
+    # Common clipping thresholds are max_norm 0.5-10; 1e3 is far past any of them.
+    grad_norm_exploding: float = 1e3
+    grad_norm_growth_ratio: float = 100.0
+    # grad-health: grads that only grow over >= this many measurements, the last at least
+    # grad_accumulation_ratio x the first, look accumulated (zero_grad not called).
+    grad_accumulation_min_points: int = 3
+    grad_accumulation_ratio: float = 1.5
+    # graph-chain: one holder (<= this many tensors) whose graph memory grows across censuses.
+    graph_chain_max_tensors: int = 4
+    graph_chain_min_growth_bytes: int = 1 << 20
+    # eval-with-grad: forward operators that recorded autograd nodes, none of backward.
+    eval_grad_min_ops: int = 20
 
 
 T = Thresholds()

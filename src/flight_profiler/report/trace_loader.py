@@ -102,6 +102,11 @@ class RawTrace:
     span_ts: float = float("inf")
     span_end: float = float("-inf")
     trace_window: tuple[float, float] | None = None
+    # Autograd: forward ops that recorded a graph node ("Sequence number", "Fwd thread id" 0;
+    # backward functions carry the forward thread's id), and backward functions run (autograd::engine::evaluate_function: ...).
+    autograd_fwd_ops: int = 0
+    backward_ops: int = 0
+    autograd_fwd_names: dict[str, int] = field(default_factory=dict)
 
     def intern(self, name: str) -> int:
         if len(name) > MAX_NAME_CHARS:
@@ -159,7 +164,8 @@ def _stdlib_batches(events: Iterator[dict[str, Any]], size: int = 4096) -> Itera
                         device_type=a.get("Device Type"), device_id=a.get("Device Id"),
                         total_allocated=a.get("Total Allocated"),
                         total_reserved=a.get("Total Reserved"), nbytes=a.get("Bytes"),
-                        addr=a.get("Addr"))
+                        addr=a.get("Addr"), seq=a.get("Sequence number"),
+                        fwd_tid=a.get("Fwd thread id"))
         try:
             ts = float(e.get("ts", math.nan))
             dur = float(e.get("dur", 0.0))
@@ -264,6 +270,11 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                     if cat == "cpu_op":
                         th.ops.append(len(th.kind))
                         th.kind.append(CPU_OP)
+                        if name.startswith("autograd::engine::evaluate_function"):
+                            raw.backward_ops += 1
+                        elif args is not None and args.seq is not None and not args.fwd_tid:
+                            raw.autograd_fwd_ops += 1
+                            raw.autograd_fwd_names[name] = raw.autograd_fwd_names.get(name, 0) + 1
                         if name in SCALAR_OPS:
                             raw.scalar_ops.append((key, ts, end - ts, name))
                     elif cat == "python_function":

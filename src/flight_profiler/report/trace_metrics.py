@@ -381,6 +381,9 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         m["memory"] = _memory(raw, index, steps)
     m["runtime_calls"] = {k: {"count": int(v[0]), "total_us": round(v[1], 3)}
                           for k, v in sorted(raw.runtime.items(), key=lambda kv: -kv[1][1])[:15]}
+    m["autograd"] = {"forward_ops_recording": raw.autograd_fwd_ops, "backward_functions": raw.backward_ops,
+                     "top_recording_ops": [{"name": k, "calls": v} for k, v in sorted(
+                         raw.autograd_fwd_names.items(), key=lambda kv: -kv[1])[:8]]}
     return m
 
 

@@ -24,11 +24,15 @@ LIMIT_BYTES = 1 << 30  # RLIMIT_AS of the child: a runaway reader dies instead o
 PEAK_RSS_MB = 300  # the aim of issue 10 for any single input
 DOCUMENTED = {ExitCode.OK, ExitCode.USAGE, ExitCode.BAD_INPUT_FILE, ExitCode.FINDINGS}
 
+# VmHWM, not getrusage's ru_maxrss: the latter keeps the peak of the memory image replaced by
+# exec, i.e. of the forked pytest process (hundreds of MB once a test module imported torch).
 _CHILD = """
-import atexit, os, resource, runpy, sys
+import atexit, os, runpy, sys
 def _rss():
+    with open("/proc/self/status") as st:
+        kb = next(line.split()[1] for line in st if line.startswith("VmHWM:"))
     with open(os.environ["FP_RSS_OUT"], "w") as fh:
-        fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        fh.write(kb)
 atexit.register(_rss)
 sys.argv = ["flight_profiler"] + sys.argv[1:]
 runpy.run_module("flight_profiler", run_name="__main__", alter_sys=True)

@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "torch profile": "torch:profile",
     "torch fr": "distributed:fr",
     "torch dataloader": "torch:dataloader",
+    "torch grads": "torch_health:grads",
+    "torch anomaly": "torch_health:anomaly",
 }
 
 SUMMARIES: dict[str, str] = {
@@ -40,6 +42,8 @@ SUMMARIES: dict[str, str] = {
     "torch profile": "profile a method's next calls, or a time window, to a Chrome trace",
     "torch fr": "Flight Recorder: last collectives per process group (distributed jobs)",
     "torch dataloader": "live DataLoaders: settings, workers, batches in flight, what the loop waits on",
+    "torch grads": "gradient/weight health per parameter; zero_grad, NaN, exploding norms",
+    "torch anomaly": "first NaN/Inf: the op and Python line (anomaly mode; costly)",
 }
 
 

@@ -28,6 +28,7 @@ RULE_MODULES = (
     "memory_leak", "graph_retention", "oom", "fragmentation", "transfer_bottleneck",
     "sync_bottleneck", "launch_overhead", "dataloader_bottleneck", "low_gpu_utilization",
     "communication", "hot_operators", "job_hang", "job_straggler", "job_imbalance",
+    "grad_health", "graph_chain", "eval_with_grad",
 )
 
 
@@ -37,6 +38,7 @@ class Context:
     snapshots: list[InputResult] = field(default_factory=list)
     censuses: list[InputResult] = field(default_factory=list)
     stacks: list[InputResult] = field(default_factory=list)  # per-rank stack samples
+    grads: list[InputResult] = field(default_factory=list)  # `torch grads` documents
     # Several snapshots / censuses of one process, oldest first (only groups of >= 2).
     snapshot_series: list[list[InputResult]] = field(default_factory=list)
     census_series: list[list[InputResult]] = field(default_factory=list)

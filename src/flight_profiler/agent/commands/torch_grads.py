@@ -1,0 +1,143 @@
+"""``torch grads``: gradient and weight health of the models the target holds.
+
+args: target (optional ``module [class] method``: measure right after each of its next
+``calls`` calls, in the calling thread), calls, interval (seconds between measurements without
+a method), timeout, label, path / default_dir.
+Without a method, ``calls`` > 1 takes that many measurements ``interval`` apart, each at the
+main thread's safe point (reading grads while the training thread runs an op is a data race).
+While measuring more than once, optimizer steps and zero_grad calls are counted (optim_watch);
+with a method, what each call saves for backward and whether a backward read it (graph_cost),
+and the size of the graphs it returns or leaves on ``self`` (carried_graphs).
+The document (``flight_profiler.grads`` v1, docs/commands-torch-grads.md) goes to a JSON file
+and is the result; the report's grad-health rule reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from .. import call_window, carried_graphs, grad_stats, graph_cost, hooks, optim_watch, targets
+from ..protocol import ERR_FAILED, ERR_USAGE
+from ..registry import CommandError, Context
+from ..safepoint import at_safe_point
+from ..torch_support import check_writable, file_result, get_torch, output_path, write_json
+
+FORMAT = "flight_profiler.grads"
+VERSION = 1
+
+
+class _Run:
+    """The models found at the first measurement, kept only for this request."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.models: list[tuple[Any, list[tuple[str, Any]]]] | None = None
+        self.names: list[str] = []
+        self.described: list[dict[str, Any]] = []
+        self.optimizers: list[dict[str, Any]] = []
+        self.model_ids: list[set[int]] = []
+        self.measurements: list[dict[str, Any]] = []
+        self.call_cost: graph_cost.CallGraphCost | None = None
+        self.with_graph_cost = True
+        self.active_thread: int | None = None
+        self.carried: dict[str, Any] | None = None
+
+    def start(self, index: int) -> None:
+        self.active_thread = threading.get_ident()
+        self.carried = None
+        if self.with_graph_cost:
+            self.call_cost = graph_cost.CallGraphCost(self.torch)
+            self.call_cost.enter()
+
+    def stop(self, index: int) -> None:
+        cost, self.call_cost = self.call_cost, None
+        autograd = cost.exit() if cost is not None else None
+        self.active_thread = None
+        self.measure(index)
+        self.measurements[-1]["autograd"] = autograd
+        self.measurements[-1]["carried"] = self.carried
+
+    def watch_carried(self, ctx: Context, spec: dict[str, Any]) -> None:
+        """Sizes of the graphs the recorded calls return or leave on ``self`` (carried_graphs).
+
+        Installed before record_calls' own hook, so that on the way out it runs first and
+        ``stop`` finds the sizes of the call it is closing."""
+        target = targets.resolve(spec)
+        carried = carried_graphs.CarriedGraphs(self.torch)
+
+        def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+            if exc is None and threading.get_ident() == self.active_thread:
+                self.carried = carried.after_call(token[0], target.bound_first, value)
+
+        ctx.add_hook(f"torch grads: graphs carried by {target.description}", hooks.install(target, None, on_exit))
+
+    def measure(self, call: int | None) -> None:
+        torch = self.torch
+        if self.models is None:
+            self.models = grad_stats.find_models(torch)
+            self.names = grad_stats.name_models(torch, self.models)
+            self.described = grad_stats.describe(self.models, self.names)
+            owner: dict[int, int] = {}
+            for index, (module, params) in enumerate(self.models):
+                owner.update((id(p), index) for _, p in params)
+                self.model_ids.append({id(m) for m in module.modules()})
+            self.optimizers = optim_watch.find_optimizers(torch, owner, self.model_ids)
+        self.measurements.append({
+            "time": time.time(), "call": call,
+            "models": [grad_stats.measure(torch, params) for _, params in self.models],
+        })
+
+    def release(self) -> None:
+        self.models = None
+
+
+def handle_grads(ctx: Context) -> dict[str, Any]:
+    torch = get_torch()
+    calls = int(ctx.arg("calls", 1) or 1)
+    interval = float(ctx.arg("interval", 1.0) or 1.0)
+    timeout = float(ctx.arg("timeout", 60.0) or 60.0)
+    spec = ctx.arg("target")
+    if calls < 1 or interval <= 0:
+        raise CommandError(f"bad arguments: calls={calls}, interval={interval}", "calls >= 1, interval > 0", ERR_USAGE)
+    path = output_path(ctx.args, "grads", "json")
+    check_writable(path)
+    run = _Run(torch)
+    watch: optim_watch.OptimWatch | None = None
+    if spec or calls > 1:
+        watch = optim_watch.OptimWatch()
+        watch.install(ctx, torch)
+    info: dict[str, Any] = {}
+    try:
+        if spec:
+            run.with_graph_cost = not graph_cost.suspends(spec)
+            run.watch_carried(ctx, spec)
+            # In the target's own thread, right after the call: no race with its ops.
+            info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads")
+        else:
+            for i in range(calls):
+                if i and ctx.wait(interval):
+                    info["cancelled"] = True
+                    break
+                at_safe_point(ctx, lambda: run.measure(None), "torch grads")
+                ctx.emit({"event": "progress", "what": "grads",
+                          "message": f"measured {i + 1} of {calls}"})
+    finally:
+        ctx.remove_hooks()  # stop counting before the summary is read
+        run.release()
+    if not run.described:
+        raise CommandError("no model with trainable parameters found in the target",
+                           "torch grads looks for nn.Module objects with requires_grad parameters", ERR_FAILED)
+    doc = {
+        "format": FORMAT, "version": VERSION, "pid": os.getpid(), "time": time.time(),
+        "label": str(ctx.arg("label", "") or ""),
+        "mode": "method" if spec else "snapshot", "target": info.get("target"),
+        "models": run.described, "measurements": run.measurements,
+        "optimizers": run.optimizers,
+        "zeroing": optim_watch.watch_summary(watch, run.optimizers, run.model_ids),
+    }
+    size = write_json(path, doc)
+    return {**file_result(path, size), **doc,
+            **{k: info[k] for k in ("timed_out", "cancelled", "calls_recorded") if k in info}}

@@ -1,0 +1,111 @@
+"""Whether gradients are being zeroed between steps: counts of ``optimizer.step()`` and of
+``zero_grad()`` calls (optimizer's and module's) while ``torch grads`` measures.
+
+Installed only for the measurement window and removed with the request (ctx.add_hook): an idle
+target pays nothing. ``step`` is counted through torch's global optimizer step hook (public API,
+torch >= 2.0; subclasses override ``step`` itself), ``zero_grad`` by hooking the base classes'
+methods (subclasses rarely override them). Counts are kept by object id; no object is kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from . import hooks, targets
+from .registry import Context
+
+_ZERO_GRAD = (
+    ("optimizer", {"module": "torch.optim.optimizer", "class": "Optimizer", "method": "zero_grad"}),
+    ("module", {"module": "torch.nn.modules.module", "class": "Module", "method": "zero_grad"}),
+)
+
+
+class OptimWatch:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.steps: dict[int, int] = {}
+        self.zero_grads: dict[int, int] = {}
+        self.module_zero_grads: dict[int, int] = {}
+        self.installed: list[str] = []
+        self.errors: list[str] = []
+
+    def install(self, ctx: Context, torch: Any) -> None:
+        for kind, spec in _ZERO_GRAD:
+            counts = self.zero_grads if kind == "optimizer" else self.module_zero_grads
+            try:
+                target = targets.resolve(spec)
+                remove = hooks.install(target, None, self._counter(counts))
+            except Exception as exc:  # an unusual torch build: say so, measure anyway
+                self.errors.append(f"cannot observe {kind}.zero_grad: {exc}")
+                continue
+            ctx.add_hook(f"torch grads: counting {target.description} calls", remove)
+            self.installed.append(target.description)
+        # torch.optim's namespace does not expose the submodule itself: read it where torch put it.
+        register = getattr(sys.modules.get("torch.optim.optimizer"), "register_optimizer_step_post_hook", None)
+        if register is None:
+            self.errors.append("this torch has no global optimizer step hook: steps not counted")
+            return
+        handle = register(self._on_step)
+        ctx.add_hook("torch grads: counting optimizer steps", handle.remove)
+        self.installed.append("optimizer.step (global step hook)")
+
+    def _counter(self, counts: dict[int, int]) -> Any:
+        def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+            args: tuple[Any, ...] = token[0]
+            if args:
+                with self.lock:
+                    counts[id(args[0])] = counts.get(id(args[0]), 0) + 1
+        return on_exit
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Mapping[str, Any]) -> None:
+        with self.lock:
+            self.steps[id(optimizer)] = self.steps.get(id(optimizer), 0) + 1
+
+
+def find_optimizers(torch: Any, param_owner: dict[int, int], module_ids: list[set[int]]) -> list[dict[str, Any]]:
+    """Optimizers alive in the target, each with the index of the model whose params it steps."""
+    opt_type = getattr(getattr(torch, "optim", None), "Optimizer", None)
+    if opt_type is None:
+        return []
+    out = []
+    # type() + issubclass: isinstance() reads __class__, which warns on some torch proxies.
+    memo: dict[type, bool] = {}
+    for o in gc.get_objects():
+        t = type(o)
+        hit = memo.get(t)
+        if hit is None:
+            hit = memo[t] = issubclass(t, opt_type)
+        if not hit:
+            continue
+        try:
+            ids = [id(p) for group in o.param_groups for p in group["params"]]
+            lr = o.param_groups[0].get("lr") if o.param_groups else None
+        except Exception:
+            continue
+        owners = [param_owner[i] for i in ids if i in param_owner]
+        model = max(set(owners), key=owners.count) if owners else None
+        out.append({"id": id(o), "class": f"{type(o).__module__}.{type(o).__qualname__}",
+                    "params": len(ids), "model": model,
+                    "lr": float(lr) if isinstance(lr, (int, float)) else None})
+    return out
+
+
+def watch_summary(watch: OptimWatch | None, optimizers: list[dict[str, Any]],
+                  model_ids: list[set[int]]) -> dict[str, Any]:
+    """Counts per optimizer and per model (module.zero_grad on the root or any submodule)."""
+    if watch is None:
+        for o in optimizers:
+            o.pop("id", None)
+        return {"observed": False}
+    with watch.lock:
+        for o in optimizers:
+            key = o.pop("id", None)
+            o["steps"] = watch.steps.get(key, 0) if key is not None else 0
+            o["zero_grad_calls"] = watch.zero_grads.get(key, 0) if key is not None else 0
+        per_model = [sum(n for mid, n in watch.module_zero_grads.items() if mid in ids) for ids in model_ids]
+    return {"observed": True, "hooks": list(watch.installed), "errors": list(watch.errors),
+            "module_zero_grad_calls": per_model}

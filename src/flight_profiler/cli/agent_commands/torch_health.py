@@ -1,0 +1,160 @@
+"""`torch grads` and `torch anomaly`: training-health commands (parse, render).
+
+Kept apart from torch.py (memory/tensors/profile) so each module stays one concept and small.
+The verdicts shown under `torch grads` are the report's grad-health rule run on the same
+document, so the live command and `flight_profiler report grads.json` always agree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
+from flight_profiler.cli.agent_commands.torch import _file_line, _out, render_progress
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+ROWS = 12
+
+
+def _g(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return f"{v:.3g}"
+
+
+def render_grads(data: dict[str, Any], console: Console) -> None:
+    from rich.table import Column, Table
+
+    from flight_profiler.report.grads import check_grads
+    from flight_profiler.report.rules.grad_health import findings_for
+
+    _file_line(data, console, "gradient health")
+    measurements = data.get("measurements") or []
+    where = f"after each of {len(measurements)} calls of {data['target']}" if data.get("target") else \
+        f"{len(measurements)} measurement(s) at the main thread's safe point"
+    console.print(f"measured {where}")
+    for index, model in enumerate(data.get("models") or []):
+        series = [m["models"][index] for m in measurements]
+        last = series[-1] if series else {}
+        console.print(f"[bold]{model['name']}[/bold] ({model['class']}, {model['numel']:,} parameters in "
+                      f"{model['params']} tensors): grad norm " + " -> ".join(_g(s.get("grad_norm")) for s in series)
+                      + f", weight norm {_g(last.get('weight_norm'))}, measured in {_g(last.get('elapsed_s'))} s")
+        if index >= 3:
+            continue  # the biggest models first; the file has them all
+        t = Table(Column("parameter", overflow="fold"), "shape", "grad norm", "max |grad|", "NaN", "Inf", "weight norm")
+        layers = model.get("layers") or []
+        rows = last.get("layers") or []
+        for i, layer in enumerate(layers[:ROWS]):
+            row = rows[i] if i < len(rows) else None
+            cells = ["(no grad)", "-", "-", "-"] if row is None else [_g(row[0]), _g(row[1]), str(row[2]), str(row[3])]
+            wn = (last.get("weight_norms") or [None] * len(layers))[i] if i < len(last.get("weight_norms") or []) else None
+            t.add_row(layer["name"], str(tuple(layer["shape"])), *cells, _g(wn))
+        if len(layers) > ROWS:
+            t.add_row(f"... {len(layers) - ROWS} more in the file", "", "", "", "", "", "")
+        console.print(t)
+    for o in data.get("optimizers") or []:
+        if "steps" in o:
+            console.print(f"{o['class']} (lr {o.get('lr')}): {o['steps']} step(), {o['zero_grad_calls']} zero_grad() calls while measured")
+    if not (data.get("zeroing") or {}).get("observed"):
+        console.print("[dim]zero_grad() calls are counted when measuring a method or -n > 1[/dim]")
+    try:
+        findings = findings_for(check_grads(data), data.get("path") or "torch grads")
+    except ValueError:
+        findings = []
+    for f in findings:
+        colour = "red" if f.severity == "critical" else "yellow"
+        console.print(f"[{colour}]{f.severity}:[/{colour}] {f.title}")
+        if f.root_cause:
+            console.print(f"  cause: {f.root_cause}")
+        for fix in f.fix[:2]:
+            console.print(f"  fix: {fix}")
+    from flight_profiler.report.rules.eval_with_grad import unused_graphs
+    from flight_profiler.report.units import fmt_bytes
+
+    unused = unused_graphs(data)
+    if unused:
+        mean = sum(unused["saved_bytes"]) / len(unused["saved_bytes"])
+        console.print(f"[yellow]warning:[/yellow] every measured call ran with autograd on and saved "
+                      f"{fmt_bytes(mean)} of activations that no backward read: evaluation with grad on")
+        console.print("  fix: wrap it in `with torch.inference_mode():` (or `torch.no_grad()`)")
+    elif not findings and measurements:
+        zeroing = "zeroed between steps" if (data.get("zeroing") or {}).get("observed") else "zeroing not observed"
+        console.print(f"[green]gradients finite, not exploding; {zeroing}[/green]")
+
+
+@click.command("torch grads", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", nargs=-1)
+@click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True,
+              help="Calls of TARGET to measure after (without TARGET: measurements, --interval apart).")
+@click.option("-i", "--interval", type=click.FloatRange(0.01), default=1.0, show_default=True,
+              help="Seconds between measurements without TARGET.")
+@click.option("-f", "--file", "file", help="Output JSON (default: fp-<pid>-grads-<time>.json in this directory).")
+@click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
+@click.option("--label", default="", help="Label stored in the file.")
+def grads(target: tuple[str, ...], calls: int, interval: float, file: str | None, timeout: float,
+          label: str) -> AgentRequest:
+    """Gradient and weight health of the models the target holds.
+
+    Per parameter, in module order: grad norm, max |grad|, NaN/Inf counts, weight norm; the
+    first layer with non-finite values; whether grads are zeroed between steps (optimizer
+    step() and zero_grad() calls are counted while measuring a method or -n > 1).
+
+    \b
+    torch grads                                   now, at the main thread's next safe point
+    torch grads -n 5 -i 2                         5 measurements, 2 s apart
+    torch grads __main__ Trainer train_step -n 3  right after each of the next 3 calls
+    """
+    args: dict[str, Any] = {"calls": calls, "interval": interval, "timeout": timeout, "label": label, **_out(file)}
+    if target:
+        args["target"] = target_args(target)
+    return AgentRequest("torch grads", args, render_grads, render_progress)
+
+
+def render_anomaly(data: dict[str, Any], console: Console) -> None:
+    console.print(f"ran {data.get('calls_recorded')} of {data.get('calls_requested')} call(s) of "
+                  f"{data.get('target')} under anomaly detection ({data.get('ops_checked', 0)} operators checked; "
+                  "call times " + ", ".join(f"{s:.3f} s" for s in data.get("call_seconds") or []) + ")")
+    first = data.get("first")
+    if first:
+        where = f"in backward ({first.get('backward_node')}, made by the forward call below)" \
+            if first["phase"] == "backward" else "in forward"
+        console.print(f"[red]first non-finite value:[/red] {first['op']} {where}, call {first['call'] + 1}: "
+                      f"{first['nan']} NaN, {first['inf']} Inf in a {first['dtype']} {tuple(first['shape'])} output")
+        if not first.get("inputs_finite"):
+            console.print("  [yellow]its inputs were already non-finite: they came from outside the autograd "
+                          "ops seen (data, a parameter, a buffer)[/yellow]")
+        for line in first.get("forward_stack") or ["(no Python frame of the program: called from torch internals)"]:
+            console.print(f"  {line}")
+    elif data.get("note"):
+        console.print(data["note"])
+    before, after = data.get("anomaly_before"), data.get("anomaly_after")
+    console.print(f"anomaly mode before: {before}; after: {after}"
+                  + ("; a call still running restores it when it returns" if data.get("restore_pending") else ""))
+
+
+@click.command("torch anomaly", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", nargs=-1, required=True)
+@click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to run under anomaly detection.")
+@click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
+def anomaly(target: tuple[str, ...], calls: int, timeout: float) -> AgentRequest:
+    """Find the op and Python line that produce the first NaN/Inf in TARGET's next calls.
+
+    COST: each call runs under torch.autograd anomaly mode (every autograd node records its
+    Python stack) and every operator's output is checked for NaN/Inf until the first one: calls
+    get several times slower (measured: docs/commands-torch-grads.md). Anomaly mode is
+    PROCESS-WIDE: other threads pay for it too while a call runs. It is restored exactly as it
+    was when each call ends (also on timeout, Ctrl-C, disconnect and detach). Unlike
+    detect_anomaly, nothing is raised into the program.
+
+    \b
+    torch anomaly __main__ train_step -n 1
+    torch anomaly mypkg.trainer Trainer step -n 5 --timeout 120
+    """
+    args: dict[str, Any] = {"target": target_args(target), "calls": calls, "timeout": timeout}
+    return AgentRequest("torch anomaly", args, render_anomaly, render_progress)

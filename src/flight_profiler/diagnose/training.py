@@ -1,0 +1,92 @@
+"""The training-health phase of diagnose: `torch grads`, and `torch anomaly` when it finds NaNs.
+
+With a method that is being called: gradients measured right after its next calls (at least
+3, so that growth shows), with optimizer step()/zero_grad() counted meanwhile; without one,
+3 measurements 1 s apart at the main thread's safe point. When a model has non-finite values
+and a method is known, one call runs under `torch anomaly` to name the op and the line that made
+the first NaN (one call: anomaly mode is costly and process-wide). A target with no trainable
+model skips the phase. The grads file joins the report's inputs (rule grad-health).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from flight_profiler.errors import FlightProfilerError
+
+if TYPE_CHECKING:
+    from flight_profiler.diagnose.model import PhaseResult
+    from flight_profiler.diagnose.workflow import Run
+
+GRAD_CALLS_MIN = 3
+
+
+def phase_grads(run: Run, phase: PhaseResult) -> None:
+    from flight_profiler.diagnose.workflow import Skip, _expect_file
+
+    run.require_torch()
+    o = run.options
+    path = run.path("grads.json")
+    method = o.target is not None and bool(run.method_called)
+    calls = max(GRAD_CALLS_MIN, min(o.calls, 5))
+    try:
+        if method:
+            assert o.target is not None
+            line = f"torch grads {o.target.words} -n {calls} -f {path} --timeout {o.timeout:g}"
+            result = run.command(phase, line, expect_calls=calls)
+        else:
+            result = run.command(phase, f"torch grads -n {GRAD_CALLS_MIN} -i 1 -f {path}",
+                                 timeout=GRAD_CALLS_MIN + o.timeout)
+    except FlightProfilerError as exc:
+        if "no model with trainable parameters" in exc.message:
+            raise Skip("no model with trainable parameters in the target") from None
+        raise
+    _expect_file(phase, path)
+    phase.data["models"] = [_model_line(result, i) for i in range(len(result.get("models") or []))][:5]
+    if method and _nonfinite(result):
+        _anomaly(run, phase)
+        first = (phase.data.get("anomaly") or {}).get("first")
+        if first:
+            _attach_anomaly(shlex.split(path)[0], first)
+
+
+def _model_line(result: dict[str, Any], index: int) -> dict[str, Any]:
+    model = result["models"][index]
+    norms = [m["models"][index].get("grad_norm") for m in result.get("measurements") or []]
+    return {"name": model.get("name"), "parameters": model.get("numel"), "grad_norms": norms}
+
+
+def _nonfinite(result: dict[str, Any]) -> bool:
+    return any(int(f.get("nonfinite_grad_layers") or 0) or int(f.get("nonfinite_weight_layers") or 0)
+               for m in result.get("measurements") or [] for f in m.get("models") or [])
+
+
+def _attach_anomaly(path: str, first: dict[str, Any]) -> None:
+    """Put the anomaly's answer into the grads file, where the grad-health rule reads it."""
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    doc["anomaly"] = {"first": first}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, path)
+
+
+def _anomaly(run: Run, phase: PhaseResult) -> None:
+    o = run.options
+    assert o.target is not None
+    line = f"torch anomaly {o.target.words} -n 1 --timeout {o.timeout:g}"
+    grads_command = phase.command
+    try:
+        result = run.command(phase, line, expect_calls=1)
+    except FlightProfilerError as exc:
+        phase.data["anomaly"] = {"error": exc.message}
+        return
+    finally:
+        # Both lines are what a user would re-run; the phase shows them together.
+        phase.command = f"{grads_command}; {line}" if grads_command else line
+    phase.data["anomaly"] = {"first": result.get("first"), "restored": result.get("anomaly_after")
+                             == result.get("anomaly_before")}

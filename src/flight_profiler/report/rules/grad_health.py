@@ -1,0 +1,166 @@
+"""grad-health: non-finite losses/gradients, exploding gradient norms, gradients accumulating
+because ``zero_grad()`` is never called. Reads ``torch grads`` documents.
+
+Root causes are named only when the evidence shows them: a watched optimizer stepping with no
+zero_grad call (optimizer's or module's) in the window is the accumulation's cause; norms that
+explode before turning non-finite make the explosion the non-finite values' cause.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from flight_profiler.report.grads import finite, num
+from flight_profiler.report.models import Finding
+from flight_profiler.report.rules import Context, Rule
+from flight_profiler.report.thresholds import T
+
+ZERO_GRAD_FIX = ("Call `optimizer.zero_grad()` once per step, before `loss.backward()` (or after "
+                 "`optimizer.step()`); with deliberate accumulation, every k steps right after the step.")
+
+
+def _series(doc: dict[str, Any], index: int) -> list[float | None]:
+    return [num(m["models"][index].get("grad_norm")) for m in doc["measurements"]]
+
+
+def _first_nonfinite(doc: dict[str, Any], index: int) -> tuple[int, str, str] | None:
+    """(measurement, parameter name, 'gradient'|'weight') of the first non-finite value, the
+    parameters taken in module order."""
+    names = [layer["name"] for layer in doc["models"][index].get("layers", [])]
+    for k, m in enumerate(doc["measurements"]):
+        figures = m["models"][index]
+        weights = figures.get("weight_norms") or []
+        for i, row in enumerate(figures.get("layers") or []):
+            name = names[i] if i < len(names) else f"#{i}"
+            if row is not None and (not finite(row[0]) or row[2] or row[3]):
+                return k, name, "gradient"
+            if i < len(weights) and weights[i] is not None and not finite(weights[i]):
+                return k, name, "weight"
+    return None
+
+
+def _zeroing(doc: dict[str, Any], index: int) -> tuple[bool | None, list[str]]:
+    """True: zeroed; False: steps seen and no zero_grad at all; None: not observed."""
+    z = doc.get("zeroing") or {}
+    if not z.get("observed"):
+        return None, []
+    opts = [o for o in doc.get("optimizers") or [] if o.get("model") == index]
+    module_calls = (z.get("module_zero_grad_calls") or [0] * (index + 1))[index] if index < len(
+        z.get("module_zero_grad_calls") or []) else 0
+    steps = sum(int(o.get("steps") or 0) for o in opts)
+    zeros = sum(int(o.get("zero_grad_calls") or 0) for o in opts) + int(module_calls or 0)
+    evidence = [f"{o['class'].rsplit('.', 1)[-1]} (lr {o.get('lr')}): {o.get('steps')} step() calls, "
+                f"{o.get('zero_grad_calls')} zero_grad() calls while measured" for o in opts]
+    evidence.append(f"model.zero_grad() calls on the model or its submodules: {module_calls}")
+    if steps >= 2 and zeros == 0:
+        return False, evidence
+    if zeros > 0:
+        return True, evidence
+    return None, evidence
+
+
+def findings_for(doc: dict[str, Any], name: str) -> list[Finding]:
+    out: list[Finding] = []
+    for index, model in enumerate(doc["models"]):
+        out.extend(_model_findings(doc, name, index, model))
+    return out
+
+
+def _fmt(v: float | None) -> str:
+    return "none" if v is None else f"{v:.4g}"
+
+
+def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    norms = _series(doc, index)
+    shown = ", ".join(_fmt(v) for v in norms)
+    where = [f"{model['name']} ({model['class']}, {model['numel']:,} parameters)"]
+    if doc.get("target"):
+        where.append(f"measured after each call of {doc['target']}")
+    zeroed, zero_evidence = _zeroing(doc, index)
+    good = [v for v in norms if v is not None and math.isfinite(v)]
+    rising = len(good) == len(norms) and len(good) >= T.grad_accumulation_min_points and all(
+        b > a for a, b in zip(good, good[1:]))
+    # Accumulated grads grow about linearly with the steps since the last zeroing; explosions
+    # multiply. Unobserved, only growth short of the explosion ratio reads as accumulation.
+    surging = bool(good) and good[0] > 0 and max(good) / good[0] >= T.grad_norm_growth_ratio
+    accumulating = zeroed is False or (zeroed is None and rising and not surging and good[0] > 0
+                                       and good[-1] >= T.grad_accumulation_ratio * good[0])
+    exploding = bool(good) and (max(good) >= T.grad_norm_exploding or surging)
+    first = _first_nonfinite(doc, index)
+    if accumulating:
+        cause = ("optimizer.step() runs but zero_grad() is never called (neither the optimizer's nor "
+                 "the model's): every backward() adds to the previous gradients, so the update grows "
+                 "each step" if zeroed is False else
+                 "gradient norms only grow from one step to the next, as when zero_grad() is not called "
+                 "between steps (not observed directly: measure a method to see the calls)")
+        out.append(Finding(
+            rule="grad-health", severity="critical" if zeroed is False else "warning",
+            title=f"gradients of {model['name']} accumulate across steps (zero_grad not called)",
+            summary=f"Gradient norm over {len(norms)} measurements: {shown}.",
+            evidence=[f"grad norm per measurement: {shown}", *zero_evidence],
+            where=where, root_cause=cause,
+            fix=[ZERO_GRAD_FIX, "Or `model.zero_grad(set_to_none=True)` at the start of each step."],
+            inputs=[name], metrics={"pattern": "grads-accumulating", "model": model["name"],
+                                    "grad_norms": norms, "zero_grad_observed": zeroed is not None}))
+    if exploding and not accumulating:
+        out.append(Finding(
+            rule="grad-health", severity="warning",
+            title=f"gradient norm of {model['name']} explodes (max {_fmt(max(good))})",
+            summary=f"Total gradient norm (as clip_grad_norm_ computes it): {shown}.",
+            evidence=[f"grad norm per measurement: {shown}",
+                      f"thresholds: >= {T.grad_norm_exploding:g}, or x{T.grad_norm_growth_ratio:g} within the window"],
+            where=where, root_cause="Updates scale with the gradient: too high a learning rate, no clipping, "
+                                    "or unnormalised inputs/targets make it grow step after step.",
+            fix=["Clip: `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)` between "
+                 "`backward()` and `step()`.", "Lower the learning rate (or add warm-up).",
+                 "Normalise inputs and targets; check the loss scale (AMP: use GradScaler)."],
+            inputs=[name], metrics={"pattern": "exploding", "model": model["name"], "grad_norms": norms}))
+    if first is not None:
+        k, layer, what = first
+        if accumulating:
+            cause = "gradients accumulated without zero_grad() until they overflowed (see the accumulation finding)"
+        elif exploding:
+            cause = "the gradient norm exploded before the values overflowed"
+        else:
+            cause = (f"the first non-finite {what} is in {layer} (module order); upstream of it the values were "
+                     "finite: a NaN/Inf input, a log/sqrt/div of zero or negative values, or an overflow in "
+                     "low precision there")
+        anomaly = (doc.get("anomaly") or {}).get("first")
+        found_by_anomaly = []
+        if isinstance(anomaly, dict):
+            op = f"{anomaly.get('op')} in {anomaly.get('phase')}" + (
+                f" ({anomaly['backward_node']})" if anomaly.get("backward_node") else "")
+            stack = [str(line) for line in anomaly.get("forward_stack") or []]
+            found_by_anomaly = [f"first NaN/Inf made by {op} (torch anomaly)",
+                                *(f"  {line}" for line in stack[-4:])]
+            if stack:
+                where = [*where, f"forward call: {stack[-1]}"]
+        out.append(Finding(
+            rule="grad-health", severity="critical",
+            title=f"non-finite {what}s in {model['name']}, first in {layer}",
+            summary=(f"Measurement {k + 1} of {len(norms)}: the first parameter (in module order) with a "
+                     f"NaN/Inf {what} is {layer}. Gradient norms: {shown}."),
+            evidence=[f"grad norm per measurement: {shown}",
+                      *(f"measurement {j + 1}: {m['models'][index].get('nonfinite_grad_layers', 0)} layers with "
+                        f"non-finite grads, {m['models'][index].get('nonfinite_weight_layers', 0)} with non-finite "
+                        "weights" for j, m in enumerate(doc["measurements"]))][:8] + found_by_anomaly,
+            where=[*where, f"parameter {layer}"], root_cause=cause,
+            fix=[*([ZERO_GRAD_FIX] if accumulating else []),
+                 "Find the operation: `flight_profiler PID --cmd \"torch anomaly MODULE [CLASS] METHOD -n 1\"` "
+                 "names the forward op and Python line that produced the first NaN.",
+                 "Guard the step: skip it when `not torch.isfinite(loss)`; clip gradients; lower the learning rate."],
+            inputs=[name], metrics={"pattern": "non-finite", "model": model["name"], "first_layer": layer,
+                                    "first_measurement": k, "what": what}))
+    return out
+
+
+def check(ctx: Context) -> list[Finding]:
+    out: list[Finding] = []
+    for inp in ctx.grads:
+        out.extend(findings_for(inp.data, inp.path))
+    return out
+
+
+RULE = Rule("grad-health", "Non-finite, exploding or accumulating gradients", check)

@@ -1,0 +1,209 @@
+"""grad-health, graph-chain and eval-with-grad on artefacts made by real torch code: a streaming
+LSTM that carries its state without detaching it (censuses), an evaluation with grad on and the
+same with inference_mode (profiles)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from torch_agent_helpers import run_handler  # noqa: E402
+
+from flight_profiler.report.engine import analyze  # noqa: E402
+
+STREAM = """
+import torch
+
+class Streamer:
+    def __init__(self, detach):
+        self.lstm = torch.nn.LSTM(32, 64)
+        self.state = None
+        self.detach = detach
+
+    def chunk(self):
+        x = torch.randn(20, 4, 32)
+        out, state = self.lstm(x, self.state)
+        self.state = tuple(s.detach() for s in state) if self.detach else state
+        return out.mean().item()
+
+stream = None
+"""
+
+
+@pytest.fixture
+def streaming():
+    module = types.ModuleType("fp_stream")
+    module.__file__ = "/nonexistent/fp_stream.py"
+    sys.modules["fp_stream"] = module
+    exec(compile(textwrap.dedent(STREAM), module.__file__, "exec"), module.__dict__)
+    yield module
+    sys.modules.pop("fp_stream", None)
+    module.__dict__.clear()
+    gc.collect()
+
+
+def _censuses(module, tmp_path: Path, detach: bool) -> list[str]:
+    module.stream = module.Streamer(detach)
+    paths = []
+    for k in range(3):
+        for _ in range(15):
+            module.stream.chunk()
+        path = tmp_path / f"c{k}.json"
+        run_handler("torch tensors", {"path": str(path)})
+        paths.append(str(path))
+    return paths
+
+
+def test_carried_lstm_state_is_a_graph_chain_with_detach_fix(streaming, tmp_path):
+    report = analyze(_censuses(streaming, tmp_path, detach=False), jobs=1)
+    chain = [f for f in report.findings if f.rule == "graph-chain"]
+    assert chain, [(f.rule, f.title) for f in report.findings]
+    f = chain[0]
+    assert f.metrics["holder"].startswith("fp_stream.stream.state"), f.metrics
+    assert f.severity == "critical" and ".detach()" in f.title
+    graph = f.metrics["graph_bytes"]
+    assert graph[0] < graph[1] < graph[2]
+
+
+def test_detached_state_is_not_a_graph_chain(streaming, tmp_path):
+    report = analyze(_censuses(streaming, tmp_path, detach=True), jobs=1)
+    assert not [f for f in report.findings if f.rule == "graph-chain"]
+
+
+def _profile(tmp_path: Path, name: str, mode: str) -> str:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        x = torch.randn(32, 64)
+        if mode == "grad":
+            model(x)
+        elif mode == "inference":
+            with torch.inference_mode():
+                model(x)
+        else:
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            step()
+    path = tmp_path / name
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def test_eval_with_grad_on_is_found_and_fixed_by_inference_mode(tmp_path):
+    bad = analyze([_profile(tmp_path, "grad.json", "grad")], jobs=1)
+    (f,) = [f for f in bad.findings if f.rule == "eval-with-grad"]
+    assert f.metrics["forward_ops_recording"] >= 20 and "inference_mode" in f.fix[0]
+    for mode in ("inference", "train"):
+        ok = analyze([_profile(tmp_path, f"{mode}.json", mode)], jobs=1)
+        assert not [f for f in ok.findings if f.rule == "eval-with-grad"], mode
+
+
+def test_grads_document_loads_through_the_report(tmp_path):
+    doc = {"format": "flight_profiler.grads", "version": 1, "pid": 1, "time": 0.0, "mode": "method",
+           "target": "m.step", "models": [{"name": "m.model", "class": "X", "params": 2, "numel": 10,
+                                           "layers": [{"name": "a.weight"}, {"name": "b.weight"}]}],
+           "measurements": [{"models": [{"grad_norm": v, "layers": [[v, v, 0, 0, 1.0], [0.1, 0.1, 0, 0, 1.0]],
+                                         "weight_norms": [1.0, 1.0]}]} for v in (1.0, 2e3, 5e4)],
+           "optimizers": [], "zeroing": {"observed": False}}
+    (tmp_path / "g.json").write_text(json.dumps(doc))
+    report = analyze([str(tmp_path / "g.json")], jobs=1)
+    assert report.inputs[0].kind == "grads" and report.inputs[0].ok
+    (f,) = [f for f in report.findings if f.rule == "grad-health"]
+    assert f.metrics["pattern"] == "exploding" and "clip_grad_norm_" in f.fix[0]
+    doc["measurements"][2]["models"][0]["layers"][1] = ["nan", "nan", 3, 0, 1.0]
+    doc["measurements"][2]["models"][0]["grad_norm"] = "nan"
+    (tmp_path / "g.json").write_text(json.dumps(doc))
+    nf = [f for f in analyze([str(tmp_path / "g.json")], jobs=1).findings if f.metrics.get("pattern") == "non-finite"]
+    assert nf and nf[0].metrics["first_layer"] == "b.weight" and nf[0].metrics["first_measurement"] == 2
+    assert "exploded" in nf[0].root_cause
+
+
+def test_unreadable_parameters_are_not_called_non_finite():
+    from flight_profiler.report.rules.grad_health import findings_for
+
+    doc = {"models": [{"name": "m", "class": "X", "numel": 2, "layers": [{"name": "meta.weight"}, {"name": "w"}]}],
+           "measurements": [{"models": [{"grad_norm": 1.0, "layers": [None, [1.0, 1.0, 0, 0, 1.0]],
+                                         "weight_norms": [None, 1.0]}]}], "zeroing": {"observed": False}}
+    assert findings_for(doc, "g.json") == []
+
+
+def test_live_calls_alone_show_eval_with_grad(tmp_path):
+    def doc(unpacked: int) -> dict:
+        return {"format": "flight_profiler.grads", "version": 1, "pid": 7, "time": 0.0, "mode": "method",
+                "target": "svc.Service.predict",
+                "models": [{"name": "svc.model", "class": "X", "params": 1, "numel": 4, "layers": [{"name": "w"}]}],
+                "measurements": [{"models": [{"grad_norm": None, "layers": [None], "weight_norms": [1.0]}],
+                                  "autograd": {"grad_enabled": True, "saved_tensors": 6, "saved_bytes": 3 << 20,
+                                               "unpacked": unpacked}} for _ in range(3)],
+                "optimizers": [], "zeroing": {"observed": True, "module_zero_grad_calls": [0]}}
+
+    (tmp_path / "eval.json").write_text(json.dumps(doc(0)))
+    (f,) = [f for f in analyze([str(tmp_path / "eval.json")], jobs=1).findings if f.rule == "eval-with-grad"]
+    assert "svc.Service.predict" in f.title and "3.0 MiB" in f.summary
+    (tmp_path / "train.json").write_text(json.dumps(doc(6)))  # a backward read what was saved
+    assert not [f for f in analyze([str(tmp_path / "train.json")], jobs=1).findings if f.rule == "eval-with-grad"]
+
+
+def test_carried_state_is_named_from_the_calls_even_when_held_by_a_local(streaming, tmp_path):
+    stream = streaming.Streamer(detach=False)  # held by this function's local only
+
+    def drive() -> None:
+        stream.chunk()
+
+    for detach, expect in ((False, True), (True, False)):
+        stream.detach = detach
+        stream.state = None
+        path = tmp_path / f"g{int(detach)}.json"
+        run_handler("torch grads", {"target": {"module": "fp_stream", "class": "Streamer", "method": "chunk",
+                                               "nested": None}, "calls": 4, "timeout": 30, "path": str(path)}, drive)
+        chain = [f for f in analyze([str(path)], jobs=1).findings if f.rule == "graph-chain"]
+        assert bool(chain) == expect, (detach, [f.title for f in chain])
+        if expect:
+            assert [f.metrics["holder"] for f in chain] == ["fp_stream.Streamer.chunk: self.state[0]"]
+            assert ".detach()" in chain[0].title and chain[0].metrics["links"] == [True, True, True]
+
+
+def test_looking_at_a_long_chain_leaves_it_safe_to_free(tmp_path):
+    """Python wrappers on a long run of graph nodes made freeing it recurse until SIGSEGV (~45 000
+    nodes here): the carried-graph check must stay far below that, however long the chain."""
+    script = tmp_path / "chain.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[3] / "src")!r})
+        import torch
+        from flight_profiler.agent.carried_graphs import CarriedGraphs
+
+        class Holder:
+            pass
+
+        holder = Holder()
+        x = torch.zeros(4, requires_grad=True)
+        for _ in range(60000):
+            x = x * 1.0001 + 1.0
+        holder.h = x
+        del x
+        probe = CarriedGraphs(torch)
+        for _ in range(6):
+            holder.h = holder.h * 1.0001
+            print(probe.after_call((holder,), True, None), flush=True)
+        holder.h = None
+        print("freed", flush=True)
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("freed"), (proc.returncode, proc.stderr[-500:])
+    assert "'chained': True" in proc.stdout

@@ -1,0 +1,172 @@
+"""torch grads: per-parameter gradient health, the first non-finite layer, and whether grads are
+zeroed between steps. In-process: the handler runs in its own thread as in the agent, the test
+thread plays the target's training loop (state in a function's locals, as users write it)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import textwrap
+import types
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_agent_helpers import run_handler, spec  # noqa: E402
+
+from flight_profiler.agent import hooks  # noqa: E402
+from flight_profiler.report.rules import grad_health  # noqa: E402
+
+LOOPS = """
+import torch
+
+class Trainer:
+    def __init__(self, zero_grad=True, lr=0.01, poison=False):
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+        self.zero = zero_grad
+        self.poison = poison
+
+    def step(self, i):
+        x = torch.randn(16, 8)
+        if self.poison and i >= 2:
+            x = x * float("nan")
+        loss = self.model(x).pow(2).mean()
+        if self.zero:
+            self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+"""
+
+
+@pytest.fixture
+def loops():
+    module = types.ModuleType("fp_grads_workload")
+    module.__file__ = "/nonexistent/fp_grads_workload.py"
+    sys.modules[module.__name__] = module
+    exec(compile(textwrap.dedent(LOOPS), module.__file__, "exec"), module.__dict__)
+    yield module
+    sys.modules.pop(module.__name__, None)
+    module.__dict__.clear()
+    gc.collect()
+
+
+def _grads(tmp_path: Path, trainer: Any, calls: int = 4, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    i = [0]
+
+    def drive() -> None:
+        trainer.step(i[0])
+        i[0] += 1
+
+    out = tmp_path / "g.json"
+    args = {"target": spec("fp_grads_workload", "step", "Trainer"), "calls": calls, "timeout": 30,
+            "path": str(out), **kw}
+    result, _ = run_handler("torch grads", args, drive)
+    return result, json.loads(out.read_text())
+
+
+def test_healthy_loop_reports_finite_grads_and_zeroing(loops, tmp_path):
+    trainer = loops.Trainer(zero_grad=True)
+    _, doc = _grads(tmp_path, trainer)
+    assert doc["format"] == "flight_profiler.grads" and doc["mode"] == "method"
+    (model,) = [m for m in doc["models"] if m["class"].endswith("Sequential")]
+    assert model["name"].endswith("trainer.model") or model["name"].endswith(".model"), model["name"]
+    assert [layer["name"] for layer in model["layers"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    idx = doc["models"].index(model)
+    assert len(doc["measurements"]) == 4
+    for m in doc["measurements"]:
+        figures = m["models"][idx]
+        assert figures["with_grad"] == 4 and figures["nonfinite_grad_layers"] == 0
+        # The total is the L2 of the layers' L2 norms (clip_grad_norm_'s definition).
+        norms = [row[0] for row in figures["layers"]]
+        assert figures["grad_norm"] == pytest.approx(sum(n * n for n in norms) ** 0.5, rel=1e-4)
+    (opt,) = [o for o in doc["optimizers"] if o["model"] == idx]
+    # Counted over the whole window (the loop keeps running around the measured calls).
+    assert opt["steps"] >= 4 and abs(opt["zero_grad_calls"] - opt["steps"]) <= 1, opt
+    assert grad_health.findings_for(doc, "g.json") == []
+    # Nothing of ours stays on the target's functions once the request is over.
+    assert hooks.active() == []
+
+
+def test_missing_zero_grad_is_named_as_root_cause(loops, tmp_path):
+    trainer = loops.Trainer(zero_grad=False)
+    _, doc = _grads(tmp_path, trainer, calls=5)
+    idx = next(i for i, m in enumerate(doc["models"]) if m["class"].endswith("Sequential"))
+    norms = [m["models"][idx]["grad_norm"] for m in doc["measurements"]]
+    assert all(b > a for a, b in zip(norms, norms[1:])), norms
+    findings = grad_health.findings_for(doc, "g.json")
+    acc = [f for f in findings if f.metrics.get("pattern") == "grads-accumulating"]
+    assert acc, [f.title for f in findings]
+    assert "zero_grad" in acc[0].root_cause and "never" in acc[0].root_cause
+    assert any("optimizer.zero_grad()" in fix for fix in acc[0].fix)
+
+
+def test_first_nonfinite_layer_is_named_in_module_order(loops, tmp_path):
+    trainer = loops.Trainer(poison=True)
+    _, doc = _grads(tmp_path, trainer, calls=4)
+    findings = grad_health.findings_for(doc, "g.json")
+    nf = [f for f in findings if f.metrics.get("pattern") == "non-finite"]
+    assert nf and nf[0].severity == "critical"
+    assert nf[0].metrics["first_layer"] == "0.weight", nf[0].metrics
+    bad = [m["models"][0]["nonfinite_grad_layers"] for m in doc["measurements"]]
+    assert bad[-1] == 4 and nf[0].metrics["first_measurement"] == next(i for i, b in enumerate(bad) if b)
+
+
+def test_snapshot_mode_keeps_no_reference_to_the_model(tmp_path):
+    def main() -> tuple[weakref.ref[Any], dict[str, Any]]:
+        model = torch.nn.Linear(4, 2)  # held only by this function's locals
+        model(torch.randn(3, 4)).sum().backward()
+        result, _ = run_handler("torch grads", {"path": str(tmp_path / "s.json")})
+        return weakref.ref(model), result
+
+    ref, result = main()
+    gc.collect()
+    assert ref() is None, "torch grads kept the target's model alive"
+    linear = [m for m in result["models"] if m["class"] == "torch.nn.modules.linear.Linear"]
+    assert any(m["name"].endswith("main() local model") for m in linear), [m["name"] for m in linear]
+    assert result["zeroing"] == {"observed": False}
+
+
+def test_sparse_and_meta_parameters_do_not_break_the_measurement():
+    from flight_profiler.agent import grad_stats
+
+    emb = torch.nn.Embedding(50, 8, sparse=True)
+    emb(torch.tensor([1, 2, 3])).sum().backward()
+    meta = torch.nn.Linear(4, 4, device="meta")
+    lin = torch.nn.Linear(4, 1)
+    lin(torch.randn(2, 4)).sum().backward()
+    params = [("emb.weight", emb.weight), *(("meta." + n, p) for n, p in meta.named_parameters()),
+              *(("lin." + n, p) for n, p in lin.named_parameters())]
+    figures = grad_stats.measure(torch, params)
+    assert figures["with_grad"] == 3 and figures["unreadable"] == 2 and figures["without_grad"] == 0
+    # Three rows of each one in the sparse embedding: norm of its values (3 rows of ones).
+    assert figures["layers"][0][0] == pytest.approx((3 * 8) ** 0.5, rel=1e-5)
+    assert figures["layers"][1] is None and figures["weight_norms"][1] is None
+    assert figures["layers"][4][0] == pytest.approx(float(lin.bias.grad.norm()), rel=1e-5)
+
+
+def test_method_calls_report_what_they_save_for_backward(loops, tmp_path):
+    loops.Trainer.evaluate = lambda self, i: self.model(torch.randn(256, 8)).sum().item()  # grad on
+    trainer = loops.Trainer()
+    i = [0]
+
+    def drive() -> None:
+        trainer.step(i[0])
+        trainer.evaluate(i[0])
+        i[0] += 1
+
+    for method, built_and_unused in (("evaluate", True), ("step", False)):
+        out = tmp_path / f"{method}.json"
+        run_handler("torch grads", {"target": spec("fp_grads_workload", method, "Trainer"), "calls": 3,
+                                    "timeout": 30, "path": str(out)}, drive)
+        doc = json.loads(out.read_text())
+        costs = [m["autograd"] for m in doc["measurements"]]
+        floor = 256 * 16 * 4 if method == "evaluate" else 1  # evaluate: batch 256 x hidden 16
+        assert all(c["grad_enabled"] and c["saved_bytes"] >= floor for c in costs), costs
+        assert all((c["unpacked"] == 0) == built_and_unused for c in costs), (method, costs)
