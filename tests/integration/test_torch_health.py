@@ -136,7 +136,7 @@ def job(tmp_path_factory):
 def test_grads_names_the_missing_zero_grad(job):
     result = job.json("torch grads __main__ Trainer step -n 3 -f g.json")
     (model,) = result["models"]
-    assert model["name"] == "__main__.main().trainer.model", model["name"]
+    assert model["name"] == "main() local trainer.model", model["name"]
     assert [m["models"][0]["grad_norm"] for m in result["measurements"]] == sorted(
         m["models"][0]["grad_norm"] for m in result["measurements"])
     (opt,) = result["optimizers"]
@@ -148,9 +148,9 @@ def test_grads_names_the_missing_zero_grad(job):
     acc = [f for f in report.findings if f.metrics.get("pattern") == "grads-accumulating"]
     assert acc and acc[0].severity == "critical" and "zero_grad() is never called" in acc[0].root_cause
     human = job.cli("torch grads -f g2.json")
-    # At a safe point the main thread may be inside slow(): `self` there is the same object.
+    # Holders are named from the outermost frame: main()'s trainer, wherever the thread is.
     assert human.returncode == 0, human.stderr
-    assert re.search(r"__main__\.(main\(\)\.trainer|Trainer\.slow\(\)\.self|slow\(\)\.self)\.model", human.stdout), human.stdout
+    assert "main() local trainer.model" in human.stdout, human.stdout
     assert job.state_after_now() == "False False"
 
 
