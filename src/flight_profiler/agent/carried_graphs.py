@@ -20,8 +20,10 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from .graph_limits import safe_graph_nodes
+
 NODES_PER_CALL = 2_000
-NODES_PER_REQUEST = 8_000
+NODES_PER_REQUEST = safe_graph_nodes()  # graph_limits.py: more can crash the target later
 MAX_NAMES = 16
 
 

@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 from . import holder_paths
+from .graph_limits import safe_graph_nodes
 
 FORMAT = "flight_profiler.census"
 VERSION = 1
@@ -163,11 +164,14 @@ class _Graphs:
 
 
 def take(torch: Any, label: str = "", seconds: float = 5.0, max_objects: int = 20_000_000,
-         walk_objects: int = 2_000_000, graph_nodes: int = 200_000, max_depth: int = 12) -> dict[str, Any]:
+         walk_objects: int = 2_000_000, graph_nodes: int | None = None,
+         max_depth: int = 12) -> dict[str, Any]:
     """The census document. Runs while no thread can be inside a torch op (safepoint.py);
     pauses the cyclic GC meanwhile."""
     started = time.monotonic()
-    budget = Budget(seconds, max_objects, walk_objects, graph_nodes)
+    # Never more graph nodes than freeing them later can survive (graph_limits.py).
+    budget = Budget(seconds, max_objects, walk_objects,
+                    min(graph_nodes or safe_graph_nodes(), safe_graph_nodes()))
     skipped: list[str] = []
     was_enabled = gc.isenabled()
     gc.disable()
