@@ -30,8 +30,20 @@ def busy():                        # a worker doing short steps between Python c
 def parked():                      # a thread waiting in a known blocking call
     stop.wait()
 
+own_events = [0]
+def own_profiler(frame, event, arg):
+    own_events[0] += 1
+
+def profiled():                    # a thread that runs its own profiler (cProfile-like)
+    sys.setprofile(own_profiler)
+    while not stop.is_set():
+        step()
+        time.sleep(0.001)
+    out["own_profile_kept"] = sys.getprofile() is own_profiler
+
 out = {}
-threads = [threading.Thread(target=busy, name="busy"), threading.Thread(target=parked, name="parked")]
+threads = [threading.Thread(target=busy, name="busy"), threading.Thread(target=parked, name="parked"),
+           threading.Thread(target=profiled, name="profiled")]
 for t in threads: t.start()
 time.sleep(0.1)
 
@@ -45,8 +57,10 @@ def agent():
     out["moved_while_held"] = thread_gate.run_with_threads_held(inside, 2.0)
     out["took"] = time.monotonic() - t0
     before = counts["busy"]
+    events = own_events[0]
     time.sleep(0.2)
     out["moved_after"] = counts["busy"] - before
+    out["own_events_after"] = own_events[0] - events
 
 a = threading.Thread(target=agent, name="flight_profiler-test")
 a.start()
@@ -77,4 +91,7 @@ def test_every_thread_is_held_then_released(version: str, tmp_path: Path) -> Non
     assert out["moved_after"] > 0
     assert out["took"] < 2.0
     assert out["profile_left"] is False
+    # and a thread's own profiler was given back and kept receiving events
+    assert out["own_profile_kept"] is True
+    assert out["own_events_after"] > 0
     assert proc.stderr == ""

@@ -15,9 +15,10 @@ only when its top Python frame is blocked in a known waiting call (``join``, ``a
 so it is held before it can start an op. Anything else (a long native op) makes the gate give
 up after its budget, naming the thread and where it is, and nothing is run.
 
-Limits: the profile functions are reset to none afterwards, so a profiler the target had set
-itself (cProfile, torch's Python tracer) is turned off; threads that run torch ops without any
-Python frame (C++-only threads) cannot be held.
+A profile function a thread had already (cProfile, a target's own sys.setprofile) is saved
+before ours replaces it and put back afterwards: its place in the thread state is found by
+setting a known one in our own thread and looking for it. Limits: threads that run torch ops
+without any Python frame (C++-only threads) cannot be held.
 """
 
 from __future__ import annotations
@@ -108,11 +109,48 @@ def _api() -> Any:
     api.PyThreadState_Get.restype = ctypes.c_void_p
     api._PyEval_SetProfile.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     api._PyEval_SetProfile.restype = ctypes.c_int
+    api.Py_IncRef.argtypes = [ctypes.c_void_p]
+    api.Py_DecRef.argtypes = [ctypes.c_void_p]
     return api
 
 
+_OFFSETS: tuple[int, int] | None = None  # (c_profilefunc, c_profileobj) in a thread state
+
+
+def _profile_offsets(api: Any) -> tuple[int, int] | None:
+    """Where a thread state keeps its profile function and object (None: not found)."""
+    global _OFFSETS
+    if _OFFSETS is not None:
+        return _OFFSETS
+    marker = _ProfileMarker()
+    previous = sys.getprofile()
+    me = api.PyThreadState_Get()
+    sys.setprofile(marker)
+    try:
+        want = id(marker)
+        for off in range(0, 1024, ctypes.sizeof(ctypes.c_void_p)):
+            if ctypes.c_void_p.from_address(me + off).value == want:
+                # 3.9-3.13: c_profilefunc, c_tracefunc, c_profileobj, c_traceobj
+                func_off = off - 2 * ctypes.sizeof(ctypes.c_void_p)
+                if ctypes.c_void_p.from_address(me + func_off).value:
+                    _OFFSETS = (func_off, off)
+                break
+    finally:
+        sys.setprofile(previous)
+    return _OFFSETS
+
+
+class _ProfileMarker:
+    def __call__(self, *_a: Any) -> None:
+        return None
+
+
+_SAVED: dict[int, tuple[int, int]] = {}  # thread state -> its own (profile func, object)
+
+
 def _set_profile_on_others(install: bool) -> None:
-    """Set (or clear) the profile function of every thread state but the caller's.
+    """Set our profile function on every thread state but the caller's, saving the one each
+    had; or put the saved ones back (``install=False``).
 
     A thread state is freed when its thread exits, which needs the GIL: with the switch
     interval raised, no other thread gets the GIL between our calls, so no state we hold a
@@ -120,6 +158,7 @@ def _set_profile_on_others(install: bool) -> None:
     """
     api = _api()
     func = ctypes.cast(_CALLBACK, ctypes.c_void_p).value if install else None
+    offsets = _profile_offsets(api)
     old = sys.getswitchinterval()
     sys.setswitchinterval(1000.0)
     try:
@@ -127,8 +166,24 @@ def _set_profile_on_others(install: bool) -> None:
         ts = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
         while ts:
             if ts != me:
-                api._PyEval_SetProfile(ts, func, None)
+                if install:
+                    if ts not in _SAVED and offsets is not None:
+                        own_func = ctypes.c_void_p.from_address(ts + offsets[0]).value or 0
+                        own_obj = ctypes.c_void_p.from_address(ts + offsets[1]).value or 0
+                        if own_func and own_func != func:
+                            if own_obj:
+                                api.Py_IncRef(ctypes.c_void_p(own_obj))
+                            _SAVED[ts] = (own_func, own_obj)
+                    api._PyEval_SetProfile(ts, func, None)
+                else:
+                    own_func, own_obj = _SAVED.get(ts, (0, 0))
+                    api._PyEval_SetProfile(ts, own_func or None, own_obj or None)
             ts = api.PyThreadState_Next(ts)
+        if not install:
+            for _f, obj in _SAVED.values():
+                if obj:  # the reference we took; a restored state took its own
+                    api.Py_DecRef(ctypes.c_void_p(obj))
+            _SAVED.clear()
     finally:
         sys.setswitchinterval(old)
 
