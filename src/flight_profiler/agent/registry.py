@@ -54,7 +54,7 @@ class CommandError(Exception):
         return {"kind": self.kind, "message": self.message, "hint": self.hint}
 
 
-Handler = Callable[["Context"], dict]
+Handler = Callable[["Context"], "dict[str, Any]"]
 
 
 def lookup(cmd: str) -> Handler:

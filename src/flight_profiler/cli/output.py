@@ -11,7 +11,8 @@ import click
 from flight_profiler.errors import ExitCode, FlightProfilerError
 
 # click >= 8.2 renamed NoArgsIsHelp to NoArgsIsHelpError.
-_NoArgsIsHelp: type[Exception] = getattr(click.exceptions, "NoArgsIsHelpError", None) or click.exceptions.NoArgsIsHelp
+_NoArgsIsHelp: type[Exception] = (getattr(click.exceptions, "NoArgsIsHelpError", None)
+                                  or getattr(click.exceptions, "NoArgsIsHelp"))  # noqa: B009
 
 
 def wants_json(argv: list[str]) -> bool:

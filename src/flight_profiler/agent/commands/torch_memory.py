@@ -39,7 +39,8 @@ def handle_memory(ctx: Context) -> dict[str, Any]:
     mode = str(ctx.arg("mode", "summary"))
     if mode == "summary":
         # Reads every live tensor: in the main thread, between bytecodes (see safepoint.py).
-        return at_safe_point(ctx, lambda: _summary(torch), "torch memory")
+        summary: dict[str, Any] = at_safe_point(ctx, lambda: _summary(torch), "torch memory")
+        return summary
     if mode == "snapshot":
         return _snapshot(ctx, torch)
     if mode == "history":
