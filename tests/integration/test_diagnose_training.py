@@ -62,7 +62,7 @@ def test_loop_without_zero_grad_names_the_root_cause(tmp_path):
     acc = [f for f in health if f["metrics"]["pattern"] == "grads-accumulating"]
     assert acc and acc[0]["severity"] == "critical", [f["title"] for f in report["findings"]]
     assert "zero_grad() is never called" in acc[0]["root_cause"]
-    assert acc[0]["metrics"]["model"] == "__main__.main().trainer.model"
+    assert acc[0]["metrics"]["model"] == "main() local trainer.model"
     # Whether the loss is NaN yet depends on how many steps ran before the grads phase (the
     # earlier phases slow the loop down); if it is, the accumulation is named as the cause.
     nonfinite = [f for f in health if f["metrics"]["pattern"] == "non-finite"]

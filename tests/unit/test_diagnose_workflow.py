@@ -187,9 +187,9 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
         "torch dataloader --sample 0.5",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
-        f"torch grads __main__ train_step -n 4 -f {out}/grads.json --timeout 7",
         f"torch tensors -f {out}/census-after.json --diff {out}/census-before.json",
         f"torch memory -s -f {out}/snapshot-after.pickle",
+        f"torch grads __main__ train_step -n 4 -f {out}/grads.json --timeout 7",
     ]
     assert driver.lines == expected
     # every command has a backstop deadline beyond the limit it was given itself

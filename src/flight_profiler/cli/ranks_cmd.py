@@ -197,6 +197,14 @@ def extract_rank_options(command_line: str) -> tuple[str, bool, str | None]:
     inside the command, as the issue's `stack --all-ranks` reads."""
     import shlex
 
+    from flight_profiler.agent.limits import MAX_STRING_CHARS
+
+    # Only split what can hold a rank option, and never an oversized line: shlex is
+    # quadratic, and the command parser refuses such lines with a usage error anyway.
+    if "--all-ranks" not in command_line and "--ranks" not in command_line:
+        return command_line, False, None
+    if len(command_line) > MAX_STRING_CHARS:
+        return command_line, False, None
     try:
         words = shlex.split(command_line)
     except ValueError:

@@ -347,9 +347,11 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
     ("watch", "Watch the method's cost", phase_watch),
     ("input", "DataLoaders, and where the loop waits", phase_input),
     ("trace", "Trace where the time goes", phase_trace),
-    ("grads", "Gradient health (and the first NaN)", phase_grads),
     ("census-after", "Tensor census (after)", phase_census_after),
     ("snapshot-after", "Memory snapshot (after)", phase_snapshot_after),
+    # Last of the live phases: its per-call hooks make the measured calls' graphs hold Python
+    # tensor objects, which a census taken after it would count as new, unreached tensors.
+    ("grads", "Gradient health (and the first NaN)", phase_grads),
 ]
 
 

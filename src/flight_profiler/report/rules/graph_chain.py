@@ -40,7 +40,9 @@ def check(ctx: Context) -> list[Finding]:
                 continue
             graph = [int(p["graph_bytes"]) for p in points]
             counts = [int(p["with_grad_fn"]) for p in points]
-            if not all(b > a for a, b in zip(graph, graph[1:])):
+            # A carried chain has a graph at every census, growing each time; a step's own
+            # local (`loss` inside train_step) has none between steps and a fresh one within.
+            if graph[0] <= 0 or not all(b > a for a, b in zip(graph, graph[1:])):
                 continue
             growth = graph[-1] - graph[0]
             if growth < T.graph_chain_min_growth_bytes or counts[-1] - counts[0] >= T.graph_growth_min_count:
