@@ -166,3 +166,17 @@ def test_root_without_cap_sys_ptrace_is_told_about_the_capability_not_the_uid(
         process.check_ptrace_allowed(user, 1000, 0, 4242)
     # and with the capability, both are allowed
     process.check_ptrace_allowed(init, 0, caller_caps | (1 << process.CAP_SYS_PTRACE), 1)
+
+
+def test_a_refusal_for_a_process_of_our_own_uid_names_the_capability(monkeypatch) -> None:
+    # GIVEN our own process, whose /proc entries the kernel nevertheless refuses (as it does for
+    # a container's init seen from another user namespace)
+    def refused(path: str) -> str:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "readlink", refused)
+    # WHEN it is inspected, THEN the error does not blame a uid mismatch
+    with pytest.raises(PermissionDenied) as err:
+        process.inspect(os.getpid())
+    assert "you (uid" not in err.value.message
+    assert "CAP_SYS_PTRACE" in err.value.message

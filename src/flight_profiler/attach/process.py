@@ -233,6 +233,14 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
     except FileNotFoundError:
         raise ProcessNotFound(f"process {pid} exited") from None
     except PermissionError:
+        if os.geteuid() == 0 or os.geteuid() == status.uids[1]:
+            # Not a uid mismatch: the kernel's ptrace check failed (a process of another user
+            # namespace, e.g. a container's init, or a capability this caller was denied).
+            raise PermissionDenied(
+                f"the kernel does not let you read process {pid}'s memory map, though you are "
+                f"uid {os.geteuid()}: it belongs to another user namespace or needs "
+                "CAP_SYS_PTRACE, which this caller lacks",
+                permission_hint(ptrace_scope(), in_container())) from None
         raise PermissionDenied(
             f"process {pid} belongs to uid {status.uids[1]}; you (uid {os.geteuid()}) may not "
             "inspect it", f"run as that user or with sudo: `sudo flight_profiler {pid}`"
