@@ -73,6 +73,7 @@ def demo(workload: str, out_dir: str | None, calls: int, duration: float, timeou
         verdict = "found it" if top == expected else f"the top finding is {top or 'none'}"
         console.print(f"\ndemo: the planted problem is [bold]{expected}[/bold]: {verdict}.",
                       highlight=False)
-    console.print(f"demo: workload {workload} stopped. Open {result.outputs.get('html', out)} "
-                  "in a browser, or try another: flight_profiler demo --workload "
+    console.print(f"demo: workload {workload} stopped. Open in a browser:", highlight=False)
+    console.print(f"  {result.outputs.get('html', out)}", highlight=False, soft_wrap=True)
+    console.print("or try another: flight_profiler demo --workload "
                   f"{'tiny_ops' if workload != 'tiny_ops' else 'dataloader_bound'}", highlight=False)

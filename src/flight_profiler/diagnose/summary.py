@@ -87,7 +87,9 @@ def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
             indent = "  " * row["depth"]
             console.print(f"{indent}{row['share_pct']:5.1f}%  {escape(str(row['name']))}",
                           highlight=False)
-    console.print(f"\nreport and artefacts: {escape(o.out_dir)}", highlight=False)
+    # Paths are never wrapped: a user copies them (soft_wrap leaves long lines to the terminal).
+    console.print("\nreport and artefacts:", highlight=False)
+    console.print(f"  {escape(o.out_dir)}", highlight=False, soft_wrap=True)
     for fmt in ("md", "html", "json"):
         if fmt in result.outputs:
-            console.print(f"  {escape(result.outputs[fmt])}", highlight=False)
+            console.print(f"  {escape(result.outputs[fmt])}", highlight=False, soft_wrap=True)
