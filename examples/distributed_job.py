@@ -6,7 +6,7 @@ and `diagnose --all-ranks` on it (docs/ranks.md). The --all-ranks tests and benc
 
 MODE: healthy (batches from a DataLoader with one worker process per rank, which inherits the
 rank's environment) | stuck (the odd rank sleeps outside the collective) | skip (the odd rank
-skips an all_reduce and waits in a barrier) | straggler (the odd rank computes 4x longer per step).
+skips an all_reduce and waits in a barrier) | straggler (the odd rank computes ~10x longer per step).
 The odd rank is the last one. Each rank writes READY_DIR/rank<N> (its pid) once its loop runs,
 and prints READY; the loop runs until the launcher is stopped (Ctrl-C). Model state lives in a function's locals, as users write it.
 """
@@ -60,7 +60,8 @@ def main() -> None:
     torch.manual_seed(rank)
     model = torch.nn.Linear(64, 64)
     x = torch.randn(64, 64)
-    repeat = 40 if (mode == "straggler" and odd) else 10
+    # the odd rank computes ~10x longer: a straggler that stands out on a loaded 2-core machine
+    repeat = 100 if (mode == "straggler" and odd) else 10
     batches = iter(loader()) if mode == "healthy" else None
     step = 0
     while True:
