@@ -157,6 +157,12 @@ def check(ctx: Context) -> list[Finding]:
         if not stuck and not all(x.never_in_collective for x in odd):
             return []
         odd_ranks = sorted(x.rank for x in odd)
+        traced = {t.rank for t in ctx.traces if t.rank is not None}
+        if not stuck and set(odd_ranks) <= traced:
+            # Still moving, and profiled: the traces measure how far behind it is (the
+            # job-straggler rule); a "behind" warning from three stack samples would only
+            # repeat that with less evidence, under the name of a hang.
+            return []
         places = "; ".join(f"rank {x.rank} is at {x.last.describe()}" for x in odd[:8])
         sev = "critical" if stuck else "warning"
         plural = len(odd_ranks) > 1
