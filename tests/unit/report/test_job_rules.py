@@ -49,6 +49,23 @@ def test_moving_odd_rank_is_a_warning_not_a_hang(tmp_path: Path) -> None:
     assert (f["rule"], f["severity"], f["ranks"]) == ("job-hang", "warning", [3])
 
 
+def test_moving_odd_rank_with_traces_is_the_stragglers_not_a_hang(tmp_path: Path) -> None:
+    # GIVEN the moving odd rank 3 above, and per-rank traces of the same job in which rank 3
+    # computes 3x longer while the others wait (what diagnose --all-ranks collects)
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    for f in (FIXTURES / "stuck" / "stacks").glob("*.json"):
+        doc = json.loads(f.read_text())
+        if doc["rank"] == 3:
+            for i, s in enumerate(doc["samples"]):
+                s["threads"][0]["frames"][-1]["line"] += i
+        (stacks / f.name).write_text(json.dumps(doc))
+    traces = job_traces(tmp_path / "traces", [2000.0, 2000.0, 2100.0, 6000.0], jitter=0.02)
+    # WHEN both are analysed, THEN rank 3 is named once, as the straggler, not as a hang
+    found = _findings([stacks, *traces])
+    assert [(f["rule"], f["ranks"]) for f in found] == [("job-straggler", [3])]
+
+
 def test_missing_ranks_are_named_when_all_local_ranks_wait(tmp_path: Path) -> None:
     for f in (FIXTURES / "stuck" / "stacks").glob("*.json"):
         doc = json.loads(f.read_text())
