@@ -19,6 +19,8 @@ class JobThresholds:
     hang_min_samples: int = 2
     # job-straggler: a rank's compute share of its window against the median of the others'.
     straggler_ratio: float = 1.5
+    # ... and from this ratio on, without the others' longer wait (gloo spans include transfers)
+    straggler_clear_ratio: float = 2.5
     straggler_min_share_pct: float = 2.0  # and at least this many points of the window more
     # ... while the others spend no less of their window in collectives than it does, give or
     # take this many points (gloo's spans include transfer time, so both sides look alike).
