@@ -81,3 +81,48 @@ def test_detach_touches_only_ranks_with_an_agent(monkeypatch: pytest.MonkeyPatch
     assert [r.result for r in results] == [{"detached": False, "reason": "no agent"},
                                            {"detached": True},
                                            {"detached": False, "reason": "no agent"}]
+
+
+def test_profiles_start_together_and_a_failed_rank_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """diagnose --all-ranks aligns the ranks' profile windows: the job rules compare shares of
+    those windows, which mean nothing across different moments of a loaded host (CI once saw
+    a healthy rank called a straggler because its window fell on the other rank's census)."""
+    from flight_profiler.diagnose.all_ranks import ProfileAlignment
+
+    align = ProfileAlignment(4, timeout=5.0)
+    started: dict[int, float] = {}
+    notes: dict[int, str] = {}
+
+    def work(session: FakeSession) -> dict[str, Any]:
+        rank = session.pid - 1000
+        time.sleep(0.1 * rank)  # the phases before the profile take different times per rank
+        notes[rank] = align.wait()
+        started[rank] = time.monotonic()
+        return {}
+
+    def connect(pid: int, timeout: float = 10.0, method: str = "auto") -> FakeSession:
+        if pid == 1003:  # never attaches: the others must not wait for it until the timeout
+            time.sleep(0.4)
+            raise AttachTimeout("the agent did not come up in process 1003 in time", "retry")
+        return FakeSession(pid)
+
+    monkeypatch.setattr("flight_profiler.api.connect", connect)
+    t0 = time.monotonic()
+    results = multirank.run_on_ranks(_targets(4), work, on_done=lambda t, r: align.leave())
+    assert [r.ok for r in results] == [True, True, True, False]
+    assert max(started.values()) - min(started.values()) < 0.05
+    assert min(started.values()) - t0 >= 0.35  # released when rank 3 gave up, not before
+    assert max(started.values()) - t0 < 2.0  # and not at the 5 s timeout
+    assert all(n.startswith("aligned: 3 of 4") for n in notes.values()), notes
+
+
+def test_alignment_gives_up_after_its_timeout_and_says_so() -> None:
+    from flight_profiler.diagnose.all_ranks import ProfileAlignment
+
+    align = ProfileAlignment(2, timeout=0.2)
+    t0 = time.monotonic()
+    note = align.wait()  # the other rank is busy elsewhere and never arrives nor leaves
+    assert 0.15 < time.monotonic() - t0 < 2.0
+    assert note.startswith("not aligned: 1 rank(s) did not reach their profile within 0.2s")
+    assert align.wait().startswith("not aligned: the other ranks had given up")  # nor held again
+    assert ProfileAlignment(1, 1.0).wait() == "not aligned: one rank"

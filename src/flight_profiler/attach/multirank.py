@@ -45,7 +45,15 @@ class RankResult:
 
 
 def _one(target: ProcInfo, work: Callable[[Session], dict[str, Any]], timeout: float,
-         method: str) -> RankResult:
+         method: str, on_done: Callable[[ProcInfo, RankResult], None] | None = None) -> RankResult:
+    result = _attempt(target, work, timeout, method)
+    if on_done is not None:
+        on_done(target, result)
+    return result
+
+
+def _attempt(target: ProcInfo, work: Callable[[Session], dict[str, Any]], timeout: float,
+             method: str) -> RankResult:
     from flight_profiler.api import connect
 
     started = time.monotonic()
@@ -92,13 +100,15 @@ def detach_ranks(targets: list[ProcInfo], timeout: float = 10.0) -> list[RankRes
 
 
 def run_on_ranks(targets: list[ProcInfo], work: Callable[[Session], dict[str, Any]],
-                 timeout: float = 10.0, method: str = "auto") -> list[RankResult]:
-    """Attach to every target in parallel and run ``work(session)`` on each; ordered by rank."""
+                 timeout: float = 10.0, method: str = "auto",
+                 on_done: Callable[[ProcInfo, RankResult], None] | None = None) -> list[RankResult]:
+    """Attach to every target in parallel and run ``work(session)`` on each; ordered by rank.
+    ``on_done(target, result)`` is called in the worker as each rank finishes, failed or not."""
     if not targets:
         return []
     with ThreadPoolExecutor(max_workers=min(len(targets), MAX_PARALLEL),
                             thread_name_prefix="fp-rank") as pool:
-        futures = [pool.submit(_one, t, work, timeout, method) for t in targets]
+        futures = [pool.submit(_one, t, work, timeout, method, on_done) for t in targets]
         results = [f.result() for f in futures]
     results.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
     return results

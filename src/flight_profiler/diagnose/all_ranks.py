@@ -34,6 +34,7 @@ STACKS_DIR = "stacks"
 TRACES_DIR = "traces"
 # Rules whose critical finding means the ranks are stuck: the per-rank phases are skipped.
 _STUCK_RULES = ("job-hang", "job-desync")
+ALIGN_WAIT_S = 60.0  # plus 3x the phase timeout: how long a rank waits for the others' profile
 
 
 @dataclass
@@ -116,15 +117,70 @@ def _diagnose_ranks(targets: list[ProcInfo], base: DiagnoseOptions, attach_timeo
     from flight_profiler.diagnose.workflow import run_diagnosis
 
     rank_of = {t.pid: t.rank for t in targets}
+    align = ProfileAlignment(len(targets), ALIGN_WAIT_S + 3 * base.timeout)
 
     def work(session: Session) -> dict[str, Any]:
         options = DiagnoseOptions(pid=session.pid, target=base.target,
                                   out_dir=os.path.join(base.out_dir, f"rank{rank_of[session.pid]}"),
-                                  calls=base.calls, duration=base.duration, timeout=base.timeout)
+                                  calls=base.calls, duration=base.duration, timeout=base.timeout,
+                                  align_profile=align.wait)
         driver = SessionDriver(session, connect_timeout=attach_timeout)
         return {"diagnosis": run_diagnosis(driver, options, None, session.attach_seconds)}
 
-    return run_on_ranks(targets, work, attach_timeout)
+    def done(target: ProcInfo, result: RankResult) -> None:
+        # A rank that ends before its profile (attach failed, method not found, no torch) must
+        # not hold the others.
+        align.leave()
+
+    return run_on_ranks(targets, work, attach_timeout, on_done=done)
+
+
+class ProfileAlignment:
+    """Starts every rank's profile phase together, so the per-rank traces cover the same
+    wall-clock window. The phases before it take different times on different ranks (a census
+    of a bigger model, a slower attach); without this, one rank's window can fall on a moment
+    the host was busy with another rank's census and make it look like a straggler.
+
+    A barrier whose parties can leave: a rank that fails to attach, or ends its diagnosis
+    before its profile, stops being waited for instead of breaking the alignment of the rest."""
+
+    def __init__(self, parties: int, timeout: float) -> None:
+        import threading
+
+        self._cond = threading.Condition()
+        self._expected = parties
+        self._arrived = 0
+        self._released = False
+        self._timeout = timeout
+        self.parties = parties
+
+    def wait(self) -> str:
+        with self._cond:
+            if self.parties < 2:
+                return "not aligned: one rank"
+            if self._released:
+                return "not aligned: the other ranks had given up waiting and started already"
+            self._arrived += 1
+            self._release_if_complete()
+            if not self._cond.wait_for(lambda: self._released, self._timeout):
+                self._released = True  # the late ones start at once too
+                self._cond.notify_all()
+                return (f"not aligned: {self._expected - self._arrived} rank(s) did not reach "
+                        f"their profile within {self._timeout:g}s")
+            return f"aligned: {self._arrived} of {self.parties} ranks started their profile together"
+
+    def leave(self) -> None:
+        """A rank is done with its diagnosis, or never started it. Once the ranks are released
+        this changes nothing; before, a rank leaving without arriving is no longer waited for."""
+        with self._cond:
+            if not self._released:
+                self._expected -= 1
+                self._release_if_complete()
+
+    def _release_if_complete(self) -> None:
+        if self._arrived >= self._expected:
+            self._released = True
+            self._cond.notify_all()
 
 
 def hta_directory(out_dir: str, results: list[RankResult]) -> dict[str, str]:

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from flight_profiler.diagnose.model import FAILED, TIMED_OUT, DiagnoseResult
-from flight_profiler.report.models import SEVERITY_RANK, Finding
+from flight_profiler.report.models import Finding
 
 # What each phase's evidence shows; when it fails, what the report cannot see.
 HIDES = {
@@ -77,7 +77,7 @@ def merge(result: DiagnoseResult, findings: list[Finding]) -> list[Finding]:
     extra = live_findings(result)
     rules = {f.rule for f in extra}
     merged = [f for f in findings if f.rule not in rules] + extra
-    merged.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.rule))
+    merged.sort(key=Finding.order)
     return merged
 
 

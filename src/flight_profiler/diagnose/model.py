@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from flight_profiler.report.models import Report
@@ -46,6 +46,11 @@ class DiagnoseOptions:
     calls: int = 10  # calls of the method each phase observes
     duration: float = 5.0  # profile window without a method; minimum gap between the censuses
     timeout: float = 30.0  # how long a phase may wait for the method / the agent
+    # Called at the start of the profile phase; returns how the window was aligned. Set by
+    # ``diagnose --all-ranks`` so that every rank's profile covers the same wall-clock time: the
+    # job rules compare ranks' shares of their windows, which mean nothing across different
+    # moments of a loaded host.
+    align_profile: Callable[[], str] | None = None
 
 
 @dataclass

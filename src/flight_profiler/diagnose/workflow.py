@@ -192,6 +192,9 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
     run.require_torch()
     o = run.options
     path = run.path("profile.json.gz")
+    if o.align_profile is not None:
+        run.progress.waiting("waiting for the other ranks, to profile the same window")
+        phase.data["aligned"] = o.align_profile()
     if o.target is not None and run.method_called:
         # A schedule marks each call as a ProfilerStep (per-step figures in the report); its one
         # warm-up call keeps first-call effects out of the trace.

@@ -1,5 +1,5 @@
 """``analyze(paths) -> Report``: read every input, group snapshots/censuses into series per
-process, run every registered rule, and order the findings by severity, then by cost."""
+process, run every registered rule, and order the findings (``Finding.order``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from flight_profiler.report.loaders import expand, load_one
-from flight_profiler.report.models import SEVERITY_RANK, Finding, InputResult, Report
+from flight_profiler.report.models import Finding, InputResult, Report
 from flight_profiler.report.rules import Context, all_rules
 from flight_profiler.report.rules.job_common import tag_ranks
 
@@ -102,7 +102,5 @@ def analyze(paths: Iterable[str], jobs: int | None = None) -> Report:
     for rule in all_rules():
         findings.extend(rule.check(ctx))
     tag_ranks(inputs, findings)
-    # Worst first; within a severity, the costliest first (memory findings, with no time
-    # cost, after the performance findings they share a severity with).
-    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], -f.cost_pct, f.rule))
+    findings.sort(key=Finding.order)
     return Report(inputs=inputs, findings=findings, series=_series_data(ctx))

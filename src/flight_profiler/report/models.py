@@ -19,6 +19,10 @@ from flight_profiler.report.cost import Cost
 SCHEMA_VERSION = 1
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+# Findings that say the job itself is broken (its results are wrong, it is hung, it dies) come
+# before the ones that say it is slow or big, within a severity: a faster loop that trains a
+# diverging model helps nobody.
+JOB_BREAKING_RULES = frozenset({"grad-health", "job-hang", "job-desync", "oom"})
 
 
 def strict(value: Any) -> Any:
@@ -54,6 +58,13 @@ class Finding:
     @property
     def cost_pct(self) -> float:
         return self.cost.pct if self.cost is not None else -1.0
+
+    def order(self) -> tuple[int, int, float, str]:
+        """The sort key of every findings list: worst severity first; within it, what breaks
+        the job first, then the costliest (memory findings, with no time cost, after the
+        performance findings they share a severity with), then by rule id."""
+        return (-SEVERITY_RANK[self.severity], 0 if self.rule in JOB_BREAKING_RULES else 1,
+                -self.cost_pct, self.rule)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITY_RANK:

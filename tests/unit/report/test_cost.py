@@ -10,7 +10,7 @@ from report_synth import gpu_trace
 
 from flight_profiler.report import analyze
 from flight_profiler.report.cost import Cost, cost_of, severity_for
-from flight_profiler.report.models import SEVERITY_RANK
+from flight_profiler.report.models import JOB_BREAKING_RULES, SEVERITY_RANK, Finding
 from flight_profiler.report.overlap import (
     covered,
     exposed,
@@ -121,11 +121,24 @@ def test_every_performance_finding_has_a_cost_and_findings_are_ranked_by_it() ->
     for f in perf:
         assert f.cost is not None and f.cost.method, f.rule
         assert f.severity == severity_for(f.cost), (f.rule, f.severity, f.cost)
-    keys = [(-SEVERITY_RANK[f.severity], -f.cost_pct) for f in report.findings]
+    keys = [(-SEVERITY_RANK[f.severity], f.rule not in JOB_BREAKING_RULES, -f.cost_pct)
+            for f in report.findings]
     assert keys == sorted(keys)
     doc = json.loads(report.to_json())
     costs = {f["rule"]: f["cost"] for f in doc["findings"]}
     assert all(set(costs[r]) == {"pct", "us", "of", "method"} for r in PERFORMANCE if r in costs)
+
+
+def test_a_broken_job_comes_before_a_costly_slowdown_of_the_same_severity() -> None:
+    # CI saw a critical 40 %-cost input stall ranked above "zero_grad() is never called": the
+    # user must first learn that the model is not training at all.
+    slow = Finding("dataloader-bottleneck", "critical", "waits for data", "",
+                   cost=Cost(40.0, 4e5, "step time", "m"))
+    leak = Finding("memory-leak", "critical", "grows", "")
+    broken = Finding("grad-health", "critical", "zero_grad() is never called", "")
+    minor = Finding("grad-health", "warning", "large grads", "")
+    assert [f.title for f in sorted([minor, leak, slow, broken], key=Finding.order)] == [
+        "zero_grad() is never called", "waits for data", "grows", "large grads"]
 
 
 # HTA 0.5.0 TraceAnalysis.get_comm_comp_overlap (HTA_DISABLE_NS_ROUNDING=1), one trace per run,

@@ -13,7 +13,8 @@ The interface (stable; changes are additive):
   of, method)``) and takes its severity from it: ``severity=severity_for(cost)``. A pattern that
   costs nothing measurable is therefore at most info. Memory findings leave ``cost=None`` and
   choose their severity themselves.
-- The engine orders findings by severity, then cost (highest first), then rule id.
+- The engine orders findings by severity; within one, the job-breaking ones (wrong results, hang,
+  OOM: ``JOB_BREAKING_RULES``) first, then cost (highest first), then rule id.
 """
 
 from __future__ import annotations
