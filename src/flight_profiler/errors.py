@@ -2,7 +2,13 @@
 
 Every error a user can meet is a :class:`FlightProfilerError`: it carries the exit code the CLI
 ends with and the help text that names the fix. The CLI prints ``error: <message>`` and, on the
-next line, ``hint: <hint>``; with ``--json`` it prints ``{"error": {...}}`` instead.
+next line, ``hint: <hint>``; with ``--json`` it prints ``{"error": {...}}`` instead (one printer:
+``cli.output.print_error``). Every non-zero exit of a command goes through this hierarchy, even a
+verdict the command has already shown itself (``reported=True``: diagnose's --fail-on and
+incomplete exits), so that one place (``cli.output.run_cli``) ends the process.
+
+Error texts met in several places are built here once (``already_traced``, ``gdb_missing``...),
+so that the same cause always comes with the same fix.
 
 Exit codes are part of the public interface (docs/exit-codes.md); never renumber them.
 """
@@ -36,10 +42,13 @@ class FlightProfilerError(Exception):
     kind: ClassVar[str] = "error"
     default_hint: ClassVar[str] = ""
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, reported: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint if hint is not None else self.default_hint
+        # True when the command's own output already told the user (its JSON document carries
+        # the exit code): the error then only ends the process, printing nothing more.
+        self.reported = reported
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +103,23 @@ class FindingsThreshold(FlightProfilerError):
     kind = "findings"
 
 
+class Incomplete(FlightProfilerError):
+    """diagnose: some phases failed, so a quiet report is no all-clear."""
+
+    exit_code = ExitCode.INCOMPLETE
+    kind = "incomplete"
+
+
+class Interrupted(FlightProfilerError):
+    """Ctrl-C: not a failure of the command, so it is said in one bare line and no hint."""
+
+    exit_code = ExitCode.INTERRUPTED
+    kind = "interrupted"
+
+    def __init__(self, message: str = "interrupted") -> None:
+        super().__init__(message, "")
+
+
 class AgentLost(FlightProfilerError):
     exit_code = ExitCode.AGENT_LOST
     kind = "agent_lost"
@@ -121,6 +147,32 @@ _REMOTE_KINDS: dict[str, type[FlightProfilerError]] = {
     "failed": RemoteCommandError,
     "internal": RemoteCommandError,
 }
+
+
+def already_traced(pid: int, tracer: int) -> AttachFailed:
+    """Another tracer (a debugger, strace, a second flight_profiler) holds ``pid``."""
+    return AttachFailed(f"process {pid} is already traced by PID {tracer} (a debugger?)",
+                        f"detach that tracer first (see `ps -p {tracer}`)")
+
+
+GDB_INSTALL_HINT = "install it: `apt-get install gdb`, or set $FLIGHT_PROFILER_GDB to a gdb binary"
+
+
+def gdb_missing(needed_for: str, more_hint: str = "") -> AttachFailed:
+    """No usable gdb; ``needed_for`` says why one was wanted (e.g. "--method gdb")."""
+    return AttachFailed(f"gdb is not installed (needed for {needed_for})",
+                        GDB_INSTALL_HINT + (f"; {more_hint}" if more_hint else ""))
+
+
+def pyrasite_missing() -> AttachFailed:
+    return AttachFailed("--method pyrasite needs pyrasite, which is not installed",
+                        "`pip install pyrasite`, or use --method auto")
+
+
+def cannot_write(path: str, exc: OSError) -> FlightProfilerError:
+    """A report or diff could not be written where the user asked."""
+    return FlightProfilerError(f"cannot write {path}: {exc.strerror or exc}",
+                               "Check that the directory exists and is writable.")
 
 
 def from_remote(error: dict[str, Any]) -> FlightProfilerError:

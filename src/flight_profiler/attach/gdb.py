@@ -30,7 +30,13 @@ import tempfile
 import time
 
 from flight_profiler.attach.outcome import Outcome
-from flight_profiler.errors import AttachFailed, PermissionDenied, ProcessNotFound
+from flight_profiler.errors import (
+    AttachFailed,
+    PermissionDenied,
+    ProcessNotFound,
+    already_traced,
+    gdb_missing,
+)
 
 # payload layout (offsets in the mmap'ed page run)
 HELPER_OFF = 0
@@ -55,10 +61,7 @@ def gdb_path() -> str | None:
 def find_gdb() -> str:
     path = gdb_path()
     if path is None:
-        raise AttachFailed(
-            "gdb is not installed (needed for --method gdb)",
-            "install it: `apt-get install gdb`, or set $FLIGHT_PROFILER_GDB to a gdb binary",
-        )
+        raise gdb_missing("--method gdb")
     return path
 
 
@@ -198,8 +201,7 @@ def classify_failure(text: str, pid: int) -> Exception | None:
         except (OSError, IndexError, ValueError):
             tracer = 0
         if tracer:
-            return AttachFailed(f"process {pid} is already traced by PID {tracer} (a debugger?)",
-                                f"detach that tracer first (see `ps -p {tracer}`)")
+            return already_traced(pid, tracer)
         return PermissionDenied(f"the kernel refused to let gdb attach to process {pid}",
                                 permission_hint(ptrace_scope(), in_container()))
     if "ptrace: No such process" in text or "No such process" in text:

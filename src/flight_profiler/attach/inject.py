@@ -18,7 +18,7 @@ from flight_profiler.agent import protocol
 from flight_profiler.attach import remote_exec
 from flight_profiler.attach.outcome import Outcome
 from flight_profiler.attach.process import TargetInfo
-from flight_profiler.errors import AttachFailed, UsageError
+from flight_profiler.errors import AttachFailed, UsageError, gdb_missing, pyrasite_missing
 
 METHODS = ("auto", "ptrace", "remote_exec", "gdb", "pyrasite")
 _BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -51,8 +51,7 @@ def choose_method(
         raise AttachFailed(f"--method remote_exec cannot be used: {why}", "use --method auto")
     if requested == "pyrasite":
         if not pyrasite_available:
-            raise AttachFailed("--method pyrasite needs pyrasite, which is not installed",
-                               "`pip install pyrasite`, or use --method auto")
+            raise pyrasite_missing()
         return "pyrasite"
     if requested == "ptrace":
         if not ptrace_supported:
@@ -64,11 +63,10 @@ def choose_method(
     if requested == "auto" and ptrace_supported:
         return "ptrace"
     if not gdb_available:
-        hint = "install it: `apt-get install gdb`"
+        more = ""
         if target_version is not None and target_version >= (3, 14) and not remote_debug_disabled:
-            hint += (f"; or run flight_profiler with Python {_v(target_version)} "
-                     "to use sys.remote_exec")
-        raise AttachFailed("gdb is not installed (needed to attach to this target)", hint)
+            more = f"or run flight_profiler with Python {_v(target_version)} to use sys.remote_exec"
+        raise gdb_missing("attaching to this target", more)
     return "gdb"
 
 

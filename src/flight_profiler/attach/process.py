@@ -16,6 +16,7 @@ from flight_profiler.errors import (
     PermissionDenied,
     ProcessNotFound,
     UsageError,
+    already_traced,
 )
 
 CAP_SYS_PTRACE = 19
@@ -252,10 +253,7 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
         raise NotPython(f"process {pid} runs Python {version[0]}.{version[1]}; "
                         "flight_profiler supports CPython 3.9 and later")
     if status.tracer_pid:
-        raise AttachFailed(
-            f"process {pid} is already traced by PID {status.tracer_pid} (a debugger?)",
-            f"detach that tracer first (see `ps -p {status.tracer_pid}`)",
-        )
+        raise already_traced(pid, status.tracer_pid)
     if status.state in ("T", "t"):
         raise AttachFailed(f"process {pid} is stopped (state {status.state})",
                            f"resume it with `kill -CONT {pid}` and retry")

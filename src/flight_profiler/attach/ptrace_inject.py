@@ -26,7 +26,7 @@ from typing import Callable
 from flight_profiler.attach import elf_symbols, ptrace
 from flight_profiler.attach.outcome import Outcome
 from flight_profiler.attach.process import TargetInfo, in_container, permission_hint, ptrace_scope
-from flight_profiler.errors import AttachFailed, PermissionDenied, ProcessNotFound
+from flight_profiler.errors import AttachFailed, PermissionDenied, ProcessNotFound, already_traced
 
 PROT_READ, PROT_EXEC = 1, 4
 MAP_PRIVATE, MAP_ANONYMOUS = 2, 0x20
@@ -246,8 +246,7 @@ def _attach_error(pid: int, exc: ptrace.PtraceError) -> Exception:
         except (OSError, IndexError, ValueError):
             tracer = 0
         if tracer and tracer != os.getpid():
-            return AttachFailed(f"process {pid} is already traced by PID {tracer} (a debugger?)",
-                                f"detach that tracer first (see `ps -p {tracer}`)")
+            return already_traced(pid, tracer)
         return PermissionDenied(f"the kernel refused to let flight_profiler trace process {pid}",
                                 permission_hint(ptrace_scope(), in_container()))
     if exc.errno == errno.EBUSY:

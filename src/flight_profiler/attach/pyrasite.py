@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 
-from flight_profiler.errors import AttachFailed
+from flight_profiler.errors import AttachFailed, pyrasite_missing
 
 
 def available() -> bool:
@@ -26,8 +26,7 @@ def available() -> bool:
 
 def inject(pid: int, text: str, timeout: float) -> None:
     if not available():
-        raise AttachFailed("--method pyrasite needs pyrasite, which is not installed",
-                           "`pip install pyrasite`, or use --method auto")
+        raise pyrasite_missing()
     fd, path = tempfile.mkstemp(prefix="flight_profiler-", suffix=".py")
     with os.fdopen(fd, "w") as f:
         f.write(text)

@@ -11,11 +11,11 @@ import click
 
 from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.errors import ExitCode
+from flight_profiler.report.models import SEVERITIES
 
 if TYPE_CHECKING:
     from flight_profiler.api import Session
 
-SEVERITIES = ("info", "warning", "critical")
 # Injecting the agent took up to several seconds on a loaded 2-core machine: a short --timeout
 # (meant for the method's calls) must not make the attach itself fail.
 ATTACH_TIMEOUT_MIN = 10.0

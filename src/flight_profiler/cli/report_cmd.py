@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from flight_profiler.errors import BadInputFile, FindingsThreshold, FlightProfilerError
+from flight_profiler.errors import BadInputFile, FindingsThreshold, cannot_write
+from flight_profiler.report.models import SEVERITIES, SEVERITY_RANK
 
 _EPILOG = """\b
 Inputs are recognised by content: Chrome traces (.json, .json.gz, TensorBoard
@@ -45,7 +46,7 @@ def _printable(path: str) -> str:
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False),
               help="Write the report to this file instead of the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-@click.option("--fail-on", type=click.Choice(["info", "warning", "critical"]),
+@click.option("--fail-on", type=click.Choice(SEVERITIES),
               help="Exit with code 9 when a finding of this severity or worse is found.")
 @click.option("--diff", "diff", is_flag=True,
               help="Compare two inputs, BEFORE AFTER (traces, snapshots or censuses): per-step, operator, "
@@ -53,6 +54,7 @@ def _printable(path: str) -> str:
 def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json: bool,
            fail_on: str | None, diff: bool) -> None:
     """Diagnose FILE... against the known PyTorch problem patterns."""
+    from flight_profiler.render.formats import render_report, write_report
     from flight_profiler.report import analyze
 
     if as_json:
@@ -73,21 +75,18 @@ def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json:
         raise BadInputFile(f"no input could be read ({names}{more})", _HINT)
     if output:
         try:
-            written = result.write(output, fmt)
+            written = write_report(result, output, fmt)
         except OSError as exc:
-            raise FlightProfilerError(f"cannot write {output}: {exc.strerror or exc}",
-                                      "Check that the directory exists and is writable.") from None
+            raise cannot_write(output, exc) from None
         click.echo(f"wrote {written} report to {output}", err=True)
     elif fmt:
-        sys.stdout.write(result.render(fmt))
+        sys.stdout.write(render_report(result, fmt))
     else:
         from flight_profiler.render.report_terminal import print_report
 
         print_report(result)
     if fail_on and result.reaches(fail_on):
-        n = sum(1 for f in result.findings
-                if ["info", "warning", "critical"].index(f.severity)
-                >= ["info", "warning", "critical"].index(fail_on))
+        n = sum(1 for f in result.findings if SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on])
         raise FindingsThreshold(f"{n} finding(s) at or above {fail_on} (--fail-on {fail_on})",
                                 "See the report above; fix them or raise --fail-on.")
 
@@ -119,12 +118,12 @@ def _diff(files: tuple[str, ...], fmt: str | None, output: str | None) -> None:
         print_diff(result)
         return
     if output:
+        from flight_profiler.atomic_files import write_text_atomic
+
         try:
-            with open(output, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            write_text_atomic(output, text)
         except OSError as exc:
-            raise FlightProfilerError(f"cannot write {output}: {exc.strerror or exc}",
-                                      "Check that the directory exists and is writable.") from None
+            raise cannot_write(output, exc) from None
         click.echo(f"wrote diff to {output}", err=True)
     else:
         sys.stdout.write(text)

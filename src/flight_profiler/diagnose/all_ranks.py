@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from flight_profiler.atomic_files import write_text_atomic
 from flight_profiler.diagnose.model import DiagnoseOptions, DiagnoseResult, MethodTarget
-from flight_profiler.diagnose.outputs import write_atomic
 
 if TYPE_CHECKING:
     from flight_profiler.api import Session
@@ -106,7 +106,7 @@ def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
         doc = stacks_document(r.rank, r.pid, world.get(r.pid), r.result["samples"],
                               r.result.get("flight_recorder"))
         path = os.path.join(directory, f"stacks_rank{r.rank}.json")
-        write_atomic(path, json.dumps(doc))
+        write_text_atomic(path, json.dumps(doc))
         files.append(path)
     return results, files
 
@@ -232,6 +232,7 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
                  duration: float, timeout: float, attach_timeout: float,
                  say: Callable[[str], None] = _quiet) -> JobDiagnosis:
     from flight_profiler.rank_list import format_ranks
+    from flight_profiler.render.formats import FORMATS, write_report
     from flight_profiler.report import analyze
 
     started = time.monotonic()
@@ -266,13 +267,13 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
             for f in job.report.findings:
                 if f.ranks is None:  # in a job report every finding says its ranks: [] = all
                     f.ranks = []
-            for fmt in ("md", "json", "html"):
+            for fmt in FORMATS:
                 path = os.path.join(out_dir, f"report.{fmt}")
-                job.report.write(path, fmt)
+                write_report(job.report, path, fmt)
                 job.outputs[fmt] = path
     finally:
         _detach_injected(targets, injected, attach_timeout)
         job.seconds = time.monotonic() - started
-        write_atomic(os.path.join(out_dir, "diagnose_job.json"),
-                     json.dumps(job.to_dict(), indent=2, default=str) + "\n")
+        write_text_atomic(os.path.join(out_dir, "diagnose_job.json"),
+                          json.dumps(job.to_dict(), indent=2, default=str) + "\n")
     return job

@@ -15,19 +15,12 @@ import os
 import time
 from typing import Any
 
+from flight_profiler.atomic_files import write_text_atomic
 from flight_profiler.diagnose import evidence
 from flight_profiler.diagnose.model import FAILED, OK, SKIPPED, DiagnoseResult, PhaseResult
 
 REPORT_FILES = {"md": "report.md", "json": "report.json", "html": "report.html"}
 DIAGNOSE_JSON = "diagnose.json"
-
-
-def write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def build_report(result: DiagnoseResult) -> PhaseResult:
@@ -39,6 +32,7 @@ def build_report(result: DiagnoseResult) -> PhaseResult:
         if not paths:
             phase.status, phase.reason = SKIPPED, "no artefact was written to analyse"
             return phase
+        from flight_profiler.render.formats import render_report
         from flight_profiler.report import analyze
 
         report = analyze(paths)
@@ -51,12 +45,12 @@ def build_report(result: DiagnoseResult) -> PhaseResult:
         data["diagnose"] = extra
         texts = {
             "json": json.dumps(data, indent=2, default=str) + "\n",
-            "md": report.to_markdown().rstrip("\n") + "\n\n" + sections_markdown(extra),
-            "html": _inject_html(report.to_html(), sections_html(extra)),
+            "md": render_report(report, "md").rstrip("\n") + "\n\n" + sections_markdown(extra),
+            "html": _inject_html(render_report(report, "html"), sections_html(extra)),
         }
         for fmt, name in REPORT_FILES.items():
             path = os.path.join(out, name)
-            write_atomic(path, texts[fmt])
+            write_text_atomic(path, texts[fmt])
             result.outputs[fmt] = path
         phase.files = [os.path.join(out, n) for n in REPORT_FILES.values()]
         phase.data = {"inputs": len(paths), "findings": len(report.findings)}
@@ -73,7 +67,7 @@ def write_diagnose_json(result: DiagnoseResult) -> str:
     path = os.path.join(result.options.out_dir, DIAGNOSE_JSON)
     data = result.to_dict()
     data["sections"] = result_sections(result)
-    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
     result.outputs["diagnose"] = path
     return path
 

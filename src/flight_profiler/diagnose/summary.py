@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from flight_profiler.diagnose.model import OK, DiagnoseResult
+from flight_profiler.report.models import SEVERITY_RANK, Finding
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
-def ranked_findings(result: DiagnoseResult) -> list[Any]:
+def ranked_findings(result: DiagnoseResult) -> list[Finding]:
     """Findings worst first (stable: the engine's own order within a severity)."""
     findings = list(result.report.findings) if result.report is not None else []
-    return sorted(findings, key=lambda f: -_RANK.get(f.severity, 0))
+    return sorted(findings, key=lambda f: -SEVERITY_RANK[f.severity])
 
 
 def to_json(result: DiagnoseResult, exit_code: int) -> dict[str, Any]:

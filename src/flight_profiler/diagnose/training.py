@@ -11,10 +11,10 @@ model skips the phase. The grads file joins the report's inputs (rule grad-healt
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.atomic_files import write_text_atomic
 from flight_profiler.errors import FlightProfilerError
 
 if TYPE_CHECKING:
@@ -69,10 +69,7 @@ def _attach_anomaly(path: str, first: dict[str, Any]) -> None:
     with open(path, encoding="utf-8") as fh:
         doc = json.load(fh)
     doc["anomaly"] = {"first": first}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(doc))
 
 
 def _anomaly(run: Run, phase: PhaseResult) -> None:

@@ -3,8 +3,8 @@
     from flight_profiler.report import analyze
     report = analyze(["trace.json.gz", "snap.pickle"])
     for f in report.findings: print(f.rule, f.severity, f.title)
-    report.write("report.html")            # md | json | html, by extension or fmt=
     data = report.to_dict()                # docs/report-schema.md
+    # views: flight_profiler.render.formats.write_report(report, "report.html")
 
 Never needs torch; pickles are loaded with a restricted unpickler.
 """

@@ -1,7 +1,8 @@
 """Plain-data results of a report: inputs with their measured figures, and findings.
 
 Everything here is JSON-ready through ``to_dict()``; the schema is docs/report-schema.md
-(``SCHEMA_VERSION`` below). Views (Markdown, HTML, terminal) live in flight_profiler.render.
+(``SCHEMA_VERSION`` below). Views (Markdown, HTML, terminal) live in flight_profiler.render,
+which writes report files too (``render.formats.write_report``): a report never renders itself.
 """
 
 from __future__ import annotations
@@ -154,36 +155,3 @@ class Report:
     def to_json(self, indent: int | None = 2) -> str:
         """Strict JSON (RFC 8259): a NaN or an infinity from a hostile input becomes null."""
         return json.dumps(strict(self.to_dict()), indent=indent, default=str, allow_nan=False)
-
-    def to_markdown(self) -> str:
-        from flight_profiler.render.report_md import render_markdown
-
-        return render_markdown(self)
-
-    def to_html(self) -> str:
-        from flight_profiler.render.report_html import render_html
-
-        return render_html(self)
-
-    def render(self, fmt: str) -> str:
-        """``fmt``: md | json | html."""
-        if fmt == "json":
-            return self.to_json() + "\n"
-        if fmt == "md":
-            return self.to_markdown()
-        if fmt == "html":
-            return self.to_html()
-        raise ValueError(f"unknown format {fmt!r} (md, json, html)")
-
-    def write(self, path: str, fmt: str | None = None) -> str:
-        """Write the report atomically; format from ``fmt`` or the file's extension."""
-        if fmt is None:
-            ext = os.path.splitext(path)[1].lower()
-            fmt = {".md": "md", ".json": "json", ".html": "html", ".htm": "html"}.get(ext, "md")
-        text = self.render(fmt)
-        directory = os.path.dirname(os.path.abspath(path))
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-        return fmt

@@ -27,9 +27,10 @@ def _run(python: str, code: str) -> dict:  # type: ignore[type-arg]
 def test_analyze_and_file_outputs_import_neither_torch_nor_rich() -> None:
     got = _run(sys.executable, f"""
 import json, sys
+from flight_profiler.render.formats import render_report
 from flight_profiler.report import analyze
 r = analyze([{str(FIXTURES / 'cpu_leak.json.gz')!r}])
-r.to_markdown(); r.to_html(); r.to_json()
+render_report(r, "md"); render_report(r, "html"); r.to_json()
 print(json.dumps({{"torch": "torch" in sys.modules, "rich": "rich" in sys.modules,
                    "rules": sorted({{f.rule for f in r.findings}})}}))
 """)

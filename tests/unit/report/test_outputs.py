@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from flight_profiler.cli.report_cmd import report as report_cmd
 from flight_profiler.errors import ExitCode, FindingsThreshold
+from flight_profiler.render.formats import render_report, write_report
 from flight_profiler.report import SCHEMA_VERSION, analyze
 from support import TRACES
 
@@ -26,7 +27,7 @@ def report():  # type: ignore[no-untyped-def]
 
 
 def test_markdown_has_the_diagnosis_structure(report) -> None:  # type: ignore[no-untyped-def]
-    md = report.to_markdown()
+    md = render_report(report, "md")
     heads = re.findall(r"^## (.+)$", md, re.M)
     assert heads == ["Problem Summary", "GPU Memory State", "Performance Analysis", "Evidence Chain",
                      "Root Cause", "Recommendations"]
@@ -35,7 +36,7 @@ def test_markdown_has_the_diagnosis_structure(report) -> None:  # type: ignore[n
 
 
 def test_json_carries_schema_version_findings_and_metrics(report) -> None:  # type: ignore[no-untyped-def]
-    doc = json.loads(report.render("json"))
+    doc = json.loads(render_report(report, "json"))
     assert doc["schema_version"] == SCHEMA_VERSION
     gpu = next(i for i in doc["inputs"] if i["path"].endswith("gpu_train_test.json.gz"))
     assert gpu["rank"] == 1
@@ -51,7 +52,7 @@ def test_json_carries_schema_version_findings_and_metrics(report) -> None:  # ty
 
 def test_html_is_self_contained_with_charts(report, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "r.html"
-    assert report.write(str(out)) == "html"
+    assert write_report(report, str(out)) == "html"
     html = out.read_text()
     assert html.count("<svg") >= 3  # memory, top operators, GPU timeline
     assert "<script" not in html
@@ -95,7 +96,7 @@ def test_tensorboard_directory_layout(tmp_path: Path) -> None:
 def test_a_directory_of_snapshots_and_censuses_gives_both_series() -> None:
     report = analyze([str(FIXTURES.parent / "agent")])
     assert sorted(s["kind"] for s in report.series) == ["census", "snapshot"]
-    html = report.to_html()
+    html = render_report(report, "html")
     assert "censuss" not in html and html.count("<svg") == 2
 
 
@@ -117,7 +118,7 @@ def test_html_renders_code_and_cpu_headings_and_whole_labels(tmp_path: Path) -> 
                             census(3, 1.0 + n, [holder("main() local trainer.history[*]", k, 4 * k,
                                                        grad=k, graph=k * (2 << 20))])))
              for n, k in enumerate((10, 40, 80))]
-    page = analyze(paths).to_html()
+    page = render_report(analyze(paths), "html")
     # THEN recommendations render code, not literal backticks
     assert "<code>loss.item()</code>" in page and "`" not in page
     # AND a CPU-only run has no "GPU memory" heading and no column of "?" totals
