@@ -38,7 +38,7 @@ class ExitCode:
 class FlightProfilerError(Exception):
     """Base class: a failure with a message, a hint naming the fix, and an exit code."""
 
-    exit_code: ClassVar[int] = ExitCode.COMMAND_FAILED
+    exit_code: int = ExitCode.COMMAND_FAILED
     kind: ClassVar[str] = "error"
     default_hint: ClassVar[str] = ""
 

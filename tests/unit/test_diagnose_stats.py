@@ -14,7 +14,7 @@ from flight_profiler.diagnose.model import (
     MethodTarget,
     PhaseResult,
 )
-from flight_profiler.errors import ExitCode, UsageError
+from flight_profiler.errors import ExitCode, FlightProfilerError, UsageError
 from flight_profiler.report.models import Finding, Report
 
 
@@ -94,9 +94,10 @@ def test_fail_on_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str], s
     from flight_profiler.cli.diagnose_cmd import finish
 
     if code:
-        with pytest.raises(SystemExit) as exc:
+        with pytest.raises(FlightProfilerError) as exc:
             finish(_result(tmp_path, severity), fail_on, as_json=True)
-        assert exc.value.code == code
+        assert exc.value.exit_code == code
+        assert exc.value.reported  # the JSON document said it: nothing more is printed
     else:
         finish(_result(tmp_path, severity), fail_on, as_json=True)
     doc = json.loads(capsys.readouterr().out)
@@ -107,8 +108,8 @@ def test_fail_on_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str], s
 def test_fail_on_without_a_report_is_not_a_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from flight_profiler.cli.diagnose_cmd import finish
 
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(FlightProfilerError) as exc:
         finish(_result(tmp_path, None, report=False), "critical", as_json=True)
-    assert exc.value.code == ExitCode.COMMAND_FAILED
+    assert exc.value.exit_code == ExitCode.COMMAND_FAILED
     finish(_result(tmp_path, None, report=False), None, as_json=True)  # no --fail-on: exit 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["exit_code"] == 0

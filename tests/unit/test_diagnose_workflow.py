@@ -19,7 +19,7 @@ import pytest
 from flight_profiler.diagnose.driver import PhaseTimeout
 from flight_profiler.diagnose.model import DiagnoseOptions, MethodTarget
 from flight_profiler.diagnose.workflow import run_diagnosis
-from flight_profiler.errors import RemoteCommandError, TorchMissing
+from flight_profiler.errors import FlightProfilerError, RemoteCommandError, TorchMissing
 from support import TRACES
 
 Handler = Callable[[list[str], Any], dict[str, Any]]
@@ -381,9 +381,9 @@ def test_failed_phases_give_exit_12_and_the_report_names_the_missing_evidence(
                                  "retry when that call has returned")
 
     result = run_diagnosis(FakeDriver(overrides={"torch tensors": unreadable}), options)
-    with pytest.raises(SystemExit) as exited:
+    with pytest.raises(FlightProfilerError) as exited:
         finish(result, None, as_json=False)
-    assert exited.value.code == 12
+    assert exited.value.exit_code == 12
     md = Path(result.outputs["md"]).read_text()
     assert "### Missing evidence" in md
     assert "leaks of small tensors, who holds them" in md

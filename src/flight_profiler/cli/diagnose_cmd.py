@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from flight_profiler.cli.params import FiniteFloatRange
-from flight_profiler.errors import ExitCode
+from flight_profiler.errors import ExitCode, FindingsThreshold, FlightProfilerError, Incomplete
 from flight_profiler.report.models import SEVERITIES
 
 if TYPE_CHECKING:
@@ -133,7 +133,6 @@ def prepare_out_dir(path: str, pid: int) -> None:
 
 def _leave(driver: object) -> None:
     """Leave the target as found: detach an agent this command injected, else just disconnect."""
-    from flight_profiler.errors import FlightProfilerError
 
     session = getattr(driver, "session", None)
     if session is None:
@@ -171,14 +170,23 @@ def finish(result: object, fail_on: str | None, as_json: bool) -> None:
         from rich.console import Console
 
         summary.render(result, Console())
-        if code == ExitCode.FINDINGS:
-            Console(stderr=True).print(f"findings reached --fail-on {fail_on}: exit {code}",
-                                       highlight=False)
-        elif code == ExitCode.INCOMPLETE:
-            Console(stderr=True).print(f"{len(gaps)} phase(s) failed, so the diagnosis is "
-                                       f"incomplete: exit {code}", highlight=False)
-        elif code:
-            Console(stderr=True).print(f"no report could be made, so --fail-on {fail_on} cannot "
-                                       f"pass: exit {code}", highlight=False)
     if code:
-        sys.exit(code)
+        err = verdict(code, fail_on, len(gaps))
+        if not as_json:  # with --json the result document already carries the code
+            from rich.console import Console
+
+            Console(stderr=True).print(err.message, highlight=False)
+        raise err
+
+
+def verdict(code: int, fail_on: str | None, gaps: int) -> FlightProfilerError:
+    """The error that ends a diagnosis with ``code``, said by the summary, not as an error."""
+    if code == ExitCode.FINDINGS:
+        return FindingsThreshold(f"findings reached --fail-on {fail_on}: exit {code}", "",
+                                 reported=True)
+    if code == ExitCode.INCOMPLETE:
+        return Incomplete(f"{gaps} phase(s) failed, so the diagnosis is incomplete: exit {code}",
+                          "", reported=True)
+    # CI asked for a verdict and no report could make one.
+    return FlightProfilerError(f"no report could be made, so --fail-on {fail_on} cannot pass: "
+                               f"exit {code}", "", reported=True)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | None,
                        out_dir: str | None, calls: int, duration: float, timeout: float,
                        attach_timeout: float, fail_on: str | None, as_json: bool) -> None:
-    from flight_profiler.cli.diagnose_cmd import prepare_out_dir
+    from flight_profiler.cli.diagnose_cmd import prepare_out_dir, verdict
     from flight_profiler.cli.ranks_cmd import job_targets
     from flight_profiler.diagnose import default_out_dir
     from flight_profiler.diagnose.all_ranks import diagnose_job
@@ -49,7 +49,8 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
 
         render(job, Console())
     if code:
-        sys.exit(code)
+        # The JSON document or the rendering above already said it: the error only ends the run.
+        raise verdict(code, fail_on, 0)
 
 
 def render(job: JobDiagnosis, console: Console) -> None:

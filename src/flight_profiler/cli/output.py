@@ -1,14 +1,20 @@
-"""How the CLI ends: one clear error line (or a JSON error) and the documented exit code."""
+"""How the CLI ends: one clear error line (or a JSON error) and the documented exit code.
+
+``print_error`` is the one error printer (the command line and the shells use it);
+``run_cli`` is the one place that ends the process: every failure, click's own included, is
+turned into a :class:`FlightProfilerError` first, so that the exit status and the ``exit_code``
+of a ``--json`` error document are the same number by construction.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from flight_profiler.errors import ExitCode, FlightProfilerError
+from flight_profiler.errors import ExitCode, FlightProfilerError, Interrupted, UsageError
 
 # click >= 8.2 renamed NoArgsIsHelp to NoArgsIsHelpError.
 _NoArgsIsHelp: type[Exception] = (getattr(click.exceptions, "NoArgsIsHelpError", None)
@@ -19,14 +25,50 @@ def wants_json(argv: list[str]) -> bool:
     return "--json" in argv
 
 
-def print_error(err: FlightProfilerError, as_json: bool) -> None:
+def print_error(err: FlightProfilerError, as_json: bool, one_line: bool = False) -> None:
+    """Show ``err``: a JSON document on stdout with --json, else ``error:``/``hint:`` on stderr.
+
+    ``one_line`` is the shell's form (the hint in parentheses), so that the prompt comes back
+    right below. An error the command already reported, and an interrupt, print no JSON.
+    """
+    if err.reported:
+        return
+    if isinstance(err, Interrupted):
+        sys.stderr.write(f"{err.message}\n")
+        return
     if as_json:
         sys.stdout.write(json.dumps({"error": err.to_dict()}) + "\n")
         sys.stdout.flush()
         return
+    if one_line:
+        hint = f" (hint: {err.hint})" if err.hint else ""
+        sys.stderr.write(f"error: {err.message}{hint}\n")
+        return
     sys.stderr.write(f"error: {err.message}\n")
     if err.hint:
         sys.stderr.write(f"hint: {err.hint}\n")
+
+
+class _ClickError(FlightProfilerError):
+    """A click error that is not a usage error (e.g. click.FileError): its own exit code."""
+
+    kind = "command_failed"
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message, "")
+        self.exit_code = exit_code  # per instance: click chose it
+
+
+def from_click(exc: click.ClickException) -> FlightProfilerError:
+    """The hierarchy's error for a click exception; click's usage errors exit with USAGE (2)."""
+    if isinstance(exc, click.UsageError) or exc.exit_code == ExitCode.USAGE:
+        return UsageError(exc.format_message(), "")
+    return _ClickError(exc.format_message(), exc.exit_code)
+
+
+def exit_with(err: FlightProfilerError, as_json: bool) -> NoReturn:
+    print_error(err, as_json)
+    sys.exit(err.exit_code)
 
 
 def run_cli(group: click.Group, argv: list[str]) -> Any:
@@ -34,24 +76,16 @@ def run_cli(group: click.Group, argv: list[str]) -> Any:
     try:
         return group.main(args=argv, prog_name="flight_profiler", standalone_mode=False)
     except FlightProfilerError as err:
-        print_error(err, as_json)
-        sys.exit(err.exit_code)
+        exit_with(err, as_json)
     except _NoArgsIsHelp as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else "")  # type: ignore[attr-defined]
         sys.exit(ExitCode.USAGE)
     except click.ClickException as exc:
         if as_json:
-            payload = {"kind": "usage", "message": exc.format_message(), "hint": "",
-                       "exit_code": ExitCode.USAGE}
-            sys.stdout.write(json.dumps({"error": payload}) + "\n")
-        else:
-            exc.show()
-        sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
+            exit_with(from_click(exc), as_json)
+        exc.show()  # click's own text: the usage line and "Try ... --help"
+        sys.exit(from_click(exc).exit_code)
     except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.Abort:
-        sys.stderr.write("interrupted\n")
-        sys.exit(ExitCode.INTERRUPTED)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(ExitCode.INTERRUPTED)
+        sys.exit(exc.exit_code)  # --help, --version: not an error
+    except (click.Abort, KeyboardInterrupt):
+        exit_with(Interrupted(), as_json)

@@ -159,7 +159,7 @@ def run_all_ranks_shell(pid: int, ranks_spec: str | None, as_json: bool, timeout
                         method: str) -> None:
     """The interactive shell, each line run on every selected rank."""
     from flight_profiler.cli.agent_commands import HelpShown, help_text
-    from flight_profiler.cli.shell import print_error
+    from flight_profiler.cli.output import print_error
     from flight_profiler.rank_list import format_ranks
 
     targets = job_targets(pid, ranks_spec)
@@ -189,7 +189,7 @@ def run_all_ranks_shell(pid: int, ranks_spec: str | None, as_json: bool, timeout
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
         except FlightProfilerError as err:
-            print_error(err, as_json)
+            print_error(err, as_json, one_line=True)
 
 
 def extract_rank_options(command_line: str) -> tuple[str, bool, str | None]:

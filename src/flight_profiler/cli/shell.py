@@ -8,6 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
+from flight_profiler.cli.output import print_error
 from flight_profiler.errors import AgentLost, FlightProfilerError, UsageError
 
 if TYPE_CHECKING:
@@ -64,17 +65,6 @@ def handle_line(session: Session, line: str, as_json: bool) -> bool:
     return session.client is not None  # `detach` ends the session
 
 
-def print_error(err: FlightProfilerError, as_json: bool) -> None:
-    """One line per error in the shell (the hint in parentheses), then the prompt again."""
-    if as_json:
-        from flight_profiler.cli.output import print_error as print_json_error
-
-        print_json_error(err, True)
-        return
-    hint = f" (hint: {err.hint})" if err.hint else ""
-    print(f"error: {err.message}{hint}", file=sys.stderr)
-
-
 def run_shell(session: Session, as_json: bool = False) -> None:
     readline = _setup_readline()
     interactive = sys.stdin.isatty()
@@ -100,9 +90,9 @@ def run_shell(session: Session, as_json: bool = False) -> None:
             except KeyboardInterrupt:
                 print("interrupted", file=sys.stderr)
             except AgentLost as err:
-                print_error(err, as_json)
+                print_error(err, as_json, one_line=True)
                 break
             except FlightProfilerError as err:
-                print_error(err, as_json)
+                print_error(err, as_json, one_line=True)
     finally:
         _save_history(readline)
