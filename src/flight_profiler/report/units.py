@@ -27,3 +27,18 @@ def fmt_us(us: float | None) -> str:
 
 def fmt_pct(p: float | None) -> str:
     return "?" if p is None else f"{p:.1f}%"
+
+
+def fmt_ms(ms: float) -> str:
+    """A duration for humans: ``12.3 ms``, ``0.412 ms``, ``3.1 µs``.
+
+    The agent has its own copy (agent/values.py): it runs inside the target and imports
+    nothing of the CLI side. tests/unit/test_units.py keeps the two the same.
+    """
+    if ms >= 100:
+        return f"{ms:.0f} ms"
+    if ms >= 1:
+        return f"{ms:.2f} ms"
+    if ms >= 0.01:
+        return f"{ms:.3f} ms"
+    return f"{ms * 1000:.2f} µs"

@@ -15,6 +15,7 @@ import click
 
 from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
 from flight_profiler.cli.params import FiniteFloatRange
+from flight_profiler.report.units import fmt_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,15 +29,11 @@ def _out(file: str | None) -> dict[str, Any]:
 
 
 def _size(n: Any) -> str:
+    """Bytes from the agent's JSON, where a missing figure is None or a string."""
     try:
-        v = float(n)
+        return fmt_bytes(float(n))
     except (TypeError, ValueError):
         return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
-        v /= 1024
-    return f"{v:.1f} TiB"
 
 
 def _signed(n: Any) -> str:

@@ -11,11 +11,11 @@ from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
 from flight_profiler.cli.agent_commands.watch import (
     Spinner,
     check_expression,
-    fmt_ms,
     stamp,
     summary,
 )
 from flight_profiler.cli.params import FiniteFloatRange
+from flight_profiler.report.units import fmt_ms
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -9,6 +9,7 @@ import click
 
 from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
 from flight_profiler.cli.params import FiniteFloatRange
+from flight_profiler.report.units import fmt_ms
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -79,12 +80,6 @@ def stamp(ts: Any) -> str:
         return datetime.datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S.%f")[:-3]
     except (TypeError, ValueError, OverflowError, OSError):
         return "?"
-
-
-def fmt_ms(ms: float) -> str:
-    from flight_profiler.agent.values import fmt_ms as agent_fmt
-
-    return agent_fmt(float(ms))
 
 
 def _limits(data: dict[str, Any]) -> str:
