@@ -35,6 +35,25 @@ class ExitCode:
     INTERRUPTED = 130
 
 
+# What each code means, in a few words for --help (docs/exit-codes.md says it in full).
+EXIT_CODE_SUMMARIES: dict[int, str] = {
+    ExitCode.OK: "ok",
+    ExitCode.COMMAND_FAILED: "command failed",
+    ExitCode.USAGE: "usage",
+    ExitCode.PROCESS_NOT_FOUND: "no such process",
+    ExitCode.PERMISSION_DENIED: "permission",
+    ExitCode.NOT_PYTHON: "not Python",
+    ExitCode.ATTACH_FAILED: "attach failed",
+    ExitCode.ATTACH_TIMEOUT: "attach timed out",
+    ExitCode.BAD_INPUT_FILE: "unreadable input file",
+    ExitCode.FINDINGS: "findings reached --fail-on",
+    ExitCode.AGENT_LOST: "agent lost",
+    ExitCode.TORCH_MISSING: "target has no torch",
+    ExitCode.INCOMPLETE: "diagnosis incomplete",
+    ExitCode.INTERRUPTED: "interrupted",
+}
+
+
 class FlightProfilerError(Exception):
     """Base class: a failure with a message, a hint naming the fix, and an exit code."""
 

@@ -122,3 +122,26 @@ def test_an_error_text_met_in_several_places_is_built_once() -> None:
                       pyrasite_available=False, ptrace_supported=False)
     assert chosen.value.hint.startswith(gdb_missing("--method gdb").hint)
     assert isinstance(chosen.value, FlightProfilerError) and chosen.value.exit_code == 6
+
+
+def test_every_exit_code_is_documented_once_and_summarised_in_help(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from flight_profiler.errors import EXIT_CODE_SUMMARIES
+
+    codes = {v for k, v in vars(ExitCode).items() if k.isupper()}
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "exit-codes.md").read_text()
+    documented = {int(c) for c in re.findall(r"^\| (\d+) \| `[A-Z_]+` \|", doc, re.M)}
+    assert codes == documented == set(EXIT_CODE_SUMMARIES)
+    status, out, _ = _exit(["--help"], capsys)
+    assert status == 0 and "12 diagnosis incomplete" in " ".join(out.split())
+
+
+def test_a_subcommand_summary_is_one_text_for_the_listing_and_the_command() -> None:
+    from flight_profiler.cli.app import _SUBCOMMANDS, cli
+
+    with click.Context(cli) as ctx:
+        for name, (_, summary) in _SUBCOMMANDS.items():
+            command = cli.get_command(ctx, name)
+            assert command is not None and command.get_short_help_str(200) == summary

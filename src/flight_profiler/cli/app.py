@@ -11,22 +11,22 @@ import importlib
 import click
 
 from flight_profiler import __version__
+from flight_profiler.errors import EXIT_CODE_SUMMARIES
 
-# name -> "module:attribute" of a click command, imported lazily.
-_SUBCOMMANDS: dict[str, str] = {
-    "attach": "flight_profiler.cli.attach_cmd:attach",
-    "report": "flight_profiler.cli.report_cmd:report",
-    "diagnose": "flight_profiler.cli.diagnose_cmd:diagnose",
-    "demo": "flight_profiler.cli.demo_cmd:demo",
-    "ps": "flight_profiler.cli.ps_cmd:ps",
-}
-
-_SHORT_HELP: dict[str, str] = {
-    "attach": "Attach to PID and run --cmd, or open a shell (same as `flight_profiler PID`).",
-    "report": "Diagnose traces, memory snapshots and tensor censuses.",
-    "diagnose": "Run the whole diagnosis workflow against a live process.",
-    "demo": "Start a bundled sample workload, diagnose it and show the report.",
-    "ps": "List Python processes to attach to; torchrun ranks grouped by job.",
+# name -> ("module:attribute" of a click command, imported lazily; its one-line summary).
+# The summary lives here, not in the command's module, so that `--help` imports no subcommand;
+# get_command gives it to the command as its short_help, so there is one text for both.
+_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "attach": ("flight_profiler.cli.attach_cmd:attach",
+               "Attach to PID and run --cmd, or open a shell (same as `flight_profiler PID`)."),
+    "report": ("flight_profiler.cli.report_cmd:report",
+               "Diagnose traces, memory snapshots and tensor censuses."),
+    "diagnose": ("flight_profiler.cli.diagnose_cmd:diagnose",
+                 "Run the whole diagnosis workflow against a live process."),
+    "demo": ("flight_profiler.cli.demo_cmd:demo",
+             "Start a bundled sample workload, diagnose it and show the report."),
+    "ps": ("flight_profiler.cli.ps_cmd:ps",
+           "List Python processes to attach to; torchrun ranks grouped by job."),
 }
 
 
@@ -42,9 +42,10 @@ class _Group(click.Group):
         return list(_SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = _SUBCOMMANDS.get(cmd_name)
-        if target is None:
+        entry = _SUBCOMMANDS.get(cmd_name)
+        if entry is None:
             return None
+        target, summary = entry
         module_name, attr = target.split(":")
         try:
             module = importlib.import_module(module_name)
@@ -53,11 +54,12 @@ class _Group(click.Group):
                 raise
             return None
         command: click.Command = getattr(module, attr)
+        command.short_help = summary
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Short help from a table, so that `--help` does not import every subcommand.
-        rows = [(name, _SHORT_HELP[name]) for name in _SUBCOMMANDS]
+        rows = [(name, summary) for name, (_, summary) in _SUBCOMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -72,9 +74,8 @@ class _Group(click.Group):
         "  flight_profiler 1234            (interactive shell; type `help`)\n\n"
         "  flight_profiler report trace.json.gz snap.pickle\n\n"
         "  flight_profiler diagnose 1234 train train_step --out diag/\n\n"
-        "Exit codes (docs/exit-codes.md): 0 ok, 1 command failed, 2 usage, 3 no such process, "
-        "4 permission, 5 not Python, 6/7 attach failed/timed out, 8 unreadable input file, "
-        "9 findings reached --fail-on, 10 agent lost, 11 target has no torch, 130 interrupted."
+        "Exit codes (docs/exit-codes.md): "
+        + ", ".join(f"{code} {what}" for code, what in EXIT_CODE_SUMMARIES.items()) + "."
     ),
 )
 @click.version_option(__version__, prog_name="flight_profiler")
