@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flight_profiler.report.diff import Change, Diff, fmt_value
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 NAME_WIDTH = 90
 
@@ -22,7 +25,7 @@ def _delta(c: Change) -> str:
     return "-" if d is None else f"{d:+.1f}%"
 
 
-def print_diff(diff: Diff, console: Any = None) -> None:
+def print_diff(diff: Diff, console: Console | None = None) -> None:
     from rich.console import Console
     from rich.table import Column, Table
 

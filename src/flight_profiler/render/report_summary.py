@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypedDict
 
 from flight_profiler.report.models import InputResult, Report
 from flight_profiler.report.units import fmt_bytes, fmt_pct, fmt_us
@@ -112,8 +112,19 @@ def perf_rows(report: Report) -> list[dict[str, str]]:
     return rows
 
 
-def hot_rows(report: Report, limit: int = 10) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+class HotRow(TypedDict):
+    """One row of the key operations table: an operator (self time) or a kernel (total)."""
+
+    trace: str
+    kind: str
+    name: str
+    calls: int
+    time: str
+    us: float
+
+
+def hot_rows(report: Report, limit: int = 10) -> list[HotRow]:
+    rows: list[HotRow] = []
     for inp in report.readable:
         if inp.kind != "trace":
             continue

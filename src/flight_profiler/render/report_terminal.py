@@ -8,7 +8,7 @@ paths are printed whole on lines of their own, never wrapped, so that they can b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flight_profiler.rank_list import ranks_label
 from flight_profiler.render.report_summary import (
@@ -21,6 +21,9 @@ from flight_profiler.render.report_summary import (
 from flight_profiler.report.models import Finding, InputResult, Report
 from flight_profiler.report.thresholds import T
 from flight_profiler.report.units import fmt_pct, fmt_us
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 INDENT = 4
@@ -54,7 +57,7 @@ def _finding_source(report: Report, f: Finding) -> str:
     return ", ".join(names) + more
 
 
-def print_report(report: Report, console: Any = None) -> None:
+def print_report(report: Report, console: Console | None = None) -> None:
     from rich.console import Console
     from rich.padding import Padding
     from rich.table import Table
@@ -151,7 +154,7 @@ def _strip_source(summary: str, report: Report, f: Finding) -> str:
     return summary
 
 
-def _trace_block(con: Any, inp: InputResult, inner: int) -> None:
+def _trace_block(con: Console, inp: InputResult, inner: int) -> None:
     from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text

@@ -9,9 +9,18 @@ fragmentation, retention) have no time cost and keep the severity their rule giv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from flight_profiler.report.thresholds import T
+
+
+class CostDict(TypedDict):
+    """``cost`` of a finding in report.json (docs/report-schema.md)."""
+
+    pct: float
+    us: float
+    of: str
+    method: str
 
 
 @dataclass(frozen=True)
@@ -23,7 +32,7 @@ class Cost:
     of: str  # "step time" | "trace time" | "GPU time"
     method: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CostDict:
         return {"pct": round(self.pct, 3), "us": round(self.us, 3), "of": self.of,
                 "method": self.method}
 

@@ -16,7 +16,7 @@ from flight_profiler.report.rules.job_common import tag_ranks
 
 def _series(items: list[InputResult]) -> list[list[InputResult]]:
     """Group by pid (inputs without one form one group), order by time (then mtime)."""
-    groups: dict[Any, list[InputResult]] = {}
+    groups: dict[object, list[InputResult]] = {}
     for it in items:
         groups.setdefault(it.data.get("pid"), []).append(it)
 
