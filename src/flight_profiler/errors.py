@@ -135,8 +135,8 @@ class Interrupted(FlightProfilerError):
     exit_code = ExitCode.INTERRUPTED
     kind = "interrupted"
 
-    def __init__(self, message: str = "interrupted") -> None:
-        super().__init__(message, "")
+    def __init__(self, message: str = "interrupted", *, reported: bool = False) -> None:
+        super().__init__(message, "", reported=reported)
 
 
 class AgentLost(FlightProfilerError):

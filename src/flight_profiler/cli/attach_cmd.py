@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from flight_profiler.cli.params import FiniteFloatRange
-from flight_profiler.errors import ExitCode, FlightProfilerError
+from flight_profiler.errors import FlightProfilerError, Interrupted
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -127,9 +127,9 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
                 every_rank_ok = ranks_cmd.run_all_ranks(pid, command_line, ranks_spec, as_json,
                                                         timeout, method)
             except HelpShown as shown:
-                sys.exit(shown.code)
-            if not every_rank_ok:
-                sys.exit(ExitCode.COMMAND_FAILED)
+                raise click.exceptions.Exit(shown.code) from None
+            if not every_rank_ok:  # each rank's failure is shown above
+                raise FlightProfilerError("some ranks failed", reported=True)
         return
 
     if command_line is not None:
@@ -137,7 +137,7 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
         try:
             req = parse(command_line)
         except HelpShown as shown:
-            sys.exit(shown.code)
+            raise click.exceptions.Exit(shown.code) from None
         if req.cmd == "detach":
             _detach(pid, timeout, verbose, as_json)
             return
@@ -146,8 +146,8 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
             completed = execute(session, req, as_json)
         finally:
             session.close()
-        if not completed:
-            sys.exit(ExitCode.INTERRUPTED)
+        if not completed:  # execute() said so when it cancelled the request
+            raise Interrupted(reported=True)
         return
     from flight_profiler.cli.shell import run_shell
 
