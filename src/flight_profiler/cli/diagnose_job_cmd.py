@@ -57,6 +57,7 @@ def render(job: JobDiagnosis, console: Console) -> None:
     from rich.markup import escape
 
     from flight_profiler.rank_list import ranks_label
+    from flight_profiler.render.report_terminal import SEVERITY_STYLE
 
     for r in job.stack_results:
         if not r.ok and r.error:
@@ -75,7 +76,7 @@ def render(job: JobDiagnosis, console: Console) -> None:
         console.print("[green]no problem found on any rank[/green]")
     for f in report.findings:
         who = ranks_label(f.ranks)
-        colour = {"critical": "red", "warning": "yellow"}.get(f.severity, "cyan")
+        colour = SEVERITY_STYLE[f.severity]
         console.print(f"[{colour}]{f.severity}[/{colour}] [bold]{escape(f.rule)}[/bold]"
                       f"{escape(' [' + who + ']') if who else ''}: {escape(f.title)}", highlight=False)
         console.print(f"  {escape(f.summary)}", highlight=False)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from flight_profiler.atomic_files import write_text_atomic
 from flight_profiler.diagnose.model import DiagnoseOptions, DiagnoseResult, MethodTarget
+from flight_profiler.diagnose.outputs import REPORT_FILES
 
 if TYPE_CHECKING:
     from flight_profiler.api import Session
@@ -232,7 +233,7 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
                  duration: float, timeout: float, attach_timeout: float,
                  say: Callable[[str], None] = _quiet) -> JobDiagnosis:
     from flight_profiler.rank_list import format_ranks
-    from flight_profiler.render.formats import FORMATS, write_report
+    from flight_profiler.render.formats import write_report
     from flight_profiler.report import analyze
 
     started = time.monotonic()
@@ -267,8 +268,8 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
             for f in job.report.findings:
                 if f.ranks is None:  # in a job report every finding says its ranks: [] = all
                     f.ranks = []
-            for fmt in FORMATS:
-                path = os.path.join(out_dir, f"report.{fmt}")
+            for fmt, name in REPORT_FILES.items():
+                path = os.path.join(out_dir, name)
                 write_report(job.report, path, fmt)
                 job.outputs[fmt] = path
     finally:

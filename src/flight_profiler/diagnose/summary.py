@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from flight_profiler.diagnose.model import OK, DiagnoseResult
+from flight_profiler.render.report_terminal import SEVERITY_STYLE
 from flight_profiler.report.models import SEVERITY_RANK, Finding
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def ranked_findings(result: DiagnoseResult) -> list[Finding]:
@@ -59,7 +59,7 @@ def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
     else:
         console.print(f"\n[bold]{len(findings)} finding(s)[/bold], worst first:")
         for f in findings[:top]:
-            style = _STYLE.get(f.severity, "")
+            style = SEVERITY_STYLE[f.severity]
             console.print(f"\n[{style}]{f.severity.upper()}[/{style}] [bold]{escape(f.title)}[/bold] "
                           f"[dim]({escape(f.rule)})[/dim]", highlight=False)
             if f.summary:

@@ -25,7 +25,8 @@ from flight_profiler.report.units import fmt_pct, fmt_us
 if TYPE_CHECKING:
     from rich.console import Console
 
-_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+# The one terminal style per severity (report, diagnose and job summaries alike).
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 INDENT = 4
 
 
@@ -75,7 +76,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
         con.print(Text("Findings, costliest first", style="bold underline"))
     for f in problems:
         line = Text()
-        line.append(f"{f.severity.upper()} ", style=_STYLE[f.severity])
+        line.append(f"{f.severity.upper()} ", style=SEVERITY_STYLE[f.severity])
         line.append(f.rule, style="bold")
         if f.ranks is not None:
             line.append(f" ({ranks_label(f.ranks)})")
