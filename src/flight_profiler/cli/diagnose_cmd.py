@@ -15,6 +15,7 @@ from flight_profiler.report.models import SEVERITIES
 
 if TYPE_CHECKING:
     from flight_profiler.api import Session
+    from flight_profiler.diagnose.model import DiagnoseResult
 
 # Injecting the agent took up to several seconds on a loaded 2-core machine: a short --timeout
 # (meant for the method's calls) must not make the attach itself fail.
@@ -146,14 +147,12 @@ def _leave(driver: object) -> None:
         session.close()
 
 
-def finish(result: object, fail_on: str | None, as_json: bool) -> None:
-    """Print the summary (or JSON) and end with the exit code --fail-on asks for."""
+def finish(result: DiagnoseResult, fail_on: str | None, as_json: bool) -> None:
+    """Print the summary (or JSON); a verdict other than 0 (--fail-on, incomplete) is raised."""
     from flight_profiler.diagnose import summary
-    from flight_profiler.diagnose.model import DiagnoseResult
-
-    assert isinstance(result, DiagnoseResult)
-    report = result.report
     from flight_profiler.diagnose.evidence import missing
+
+    report = result.report
 
     gaps = missing(result)
     code = ExitCode.OK
