@@ -32,17 +32,6 @@ def cap(text: str, limit: int = MAX_REPR) -> str:
     return f"{text[:limit]}…(+{len(text) - limit} chars)"
 
 
-def fmt_ms(ms: float) -> str:
-    """A duration for humans: ``12.3 ms``, ``0.412 ms``, ``3.1 µs``."""
-    if ms >= 100:
-        return f"{ms:.0f} ms"
-    if ms >= 1:
-        return f"{ms:.2f} ms"
-    if ms >= 0.01:
-        return f"{ms:.3f} ms"
-    return f"{ms * 1000:.2f} µs"
-
-
 def safe_repr(value: Any, limit: int = MAX_REPR) -> str:
     try:
         return cap(repr(value), limit)

@@ -33,9 +33,10 @@ import types
 from typing import Any, Callable
 
 from .. import hooks, values
+from ..hook_registry import HOOK_FILE_PREFIX
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
-from ..targets import HOOK_FILE_PREFIX, resolve
+from ..targets import resolve
 from .watch import QUEUE_MAX, Pump, at_entry, compile_call_function, number_arg
 
 MAX_NODES = 20000

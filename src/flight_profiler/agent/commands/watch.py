@@ -32,6 +32,7 @@ import types
 from typing import Any, Callable
 
 from .. import hooks, values
+from ..expressions import fmt_ms, split_top_level
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..targets import Target, resolve
@@ -42,32 +43,6 @@ _KINDS = {"params": _ARGS, "args": _ARGS, "cost": _COST, "return_obj": _RETURN}
 DEFAULT_EXPRS = ("params", "return_obj", "cost")
 QUEUE_MAX = 256  # events waiting to be sent; beyond it calls are counted as dropped
 POLL_S = 0.05
-
-
-def split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets and string literals: ``"a[0, 1], f(x, y)"`` -> 2 parts."""
-    parts, depth, quote, start, i = [], 0, "", 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif text.startswith(quote, i):
-                i += len(quote) - 1
-                quote = ""
-        elif ch in "'\"":
-            quote = ch * 3 if text.startswith(ch * 3, i) else ch
-            i += len(quote) - 1
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-        i += 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
 
 
 def number_arg(ctx: Context, name: str, default: float, kind: type = int) -> Any:
@@ -333,7 +308,7 @@ def handle_watch(ctx: Context) -> dict[str, Any]:
             if type(result) is ExprError:
                 text = result.text
             elif kind is _COST and type(result) is float:
-                text = values.fmt_ms(result)
+                text = fmt_ms(result)
             elif kind is _ARGS and type(result) is tuple:
                 inner = [render_value(v, depth - 1) for v in result]
                 text = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"

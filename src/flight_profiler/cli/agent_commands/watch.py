@@ -39,7 +39,7 @@ def _short(text: str) -> str:
 
 
 def split_exprs(text: str) -> list[str]:
-    from flight_profiler.agent.commands.watch import split_top_level
+    from flight_profiler.agent.expressions import split_top_level
 
     return split_top_level(text)
 
@@ -82,7 +82,7 @@ def stamp(ts: Any) -> str:
 
 
 def fmt_ms(ms: float) -> str:
-    from flight_profiler.agent.values import fmt_ms as agent_fmt
+    from flight_profiler.agent.expressions import fmt_ms as agent_fmt
 
     return agent_fmt(float(ms))
 
