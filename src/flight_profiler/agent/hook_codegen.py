@@ -48,7 +48,7 @@ _NO_KWARGS: Mapping[str, Any] = types.MappingProxyType({})
 _HOOK_BASE = 5
 
 
-class _Constants(tuple):  # type: ignore[type-arg]
+class _Constants(tuple[Any, ...]):
     """The wrapper's constants. Hashed by identity: code objects hash their constants, and
     profilers, coverage tools and torch.compile key caches by code object, so the wrapper code
     must stay hashable whatever callbacks (say, bound methods of unhashable objects) it holds.

@@ -54,7 +54,6 @@ import contextlib
 import gc
 import os
 import weakref
-from typing import Callable
 
 from . import hook_registry
 from .hook_codegen import SKIP, make_wrapper, replace_const
@@ -73,7 +72,7 @@ from .protocol import ERR_USAGE
 from .registry import CommandError
 from .targets import Target
 
-__all__ = ["SKIP", "Hook", "active", "install", "original_code"]
+__all__ = ["SKIP", "Hook", "Removal", "active", "install", "original_code"]
 
 # The registry of patched functions lives in hook_registry.py (a leaf: targets.py reads it too).
 _lock = hook_registry.lock
@@ -102,8 +101,8 @@ def _swap(patch: Patch, new: CodeType | None) -> None:
         current = original_code(patch.function)
         replacement = new if new is not None else patch.code
         updated = replace_const(current, old if old is not None else patch.code, replacement)
-        if new is None and updated == patch.outer_before:
-            updated = patch.outer_before  # identity, not a lookalike  # type: ignore[assignment]
+        if new is None and patch.outer_before is not None and updated == patch.outer_before:
+            updated = patch.outer_before  # identity, not a lookalike
         if updated is not current:
             _set_body(patch.function, updated)
         if old is None:  # first install: closures made before the hook (one gc scan)
@@ -149,7 +148,30 @@ def _contains(code: CodeType, wanted: CodeType) -> bool:
     )
 
 
-def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit) -> Callable[[], None]:
+class Removal:
+    """``remove()`` of one installed hook (idempotent); ``.hook`` lets callers read its errors."""
+
+    __slots__ = ("_key", "_patch", "hook")
+
+    def __init__(self, hook: Hook, key: tuple[int, ...], patch: Patch) -> None:
+        self.hook = hook
+        self._key = key
+        self._patch = patch
+
+    def __call__(self) -> None:
+        hook, patch = self.hook, self._patch
+        with _lock:
+            if not hook.active:
+                return
+            hook.active = False
+            patch.hooks = tuple(h for h in patch.hooks if h is not hook)
+            if not patch.broken:
+                _rebuild(patch)
+            if not patch.hooks and _patches.get(self._key) is patch:
+                del _patches[self._key]
+
+
+def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit) -> Removal:
     """Start observing ``target``; returns ``remove()`` (idempotent).
 
     ``on_enter`` may be None: the token passed to ``on_exit`` is then ``(args, kwargs)``,
@@ -168,20 +190,7 @@ def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit) -> Callab
             patch.hooks = patch.hooks[:-1]
             raise
         _patches[key] = patch
-
-    def remove() -> None:
-        with _lock:
-            if not hook.active:
-                return
-            hook.active = False
-            patch.hooks = tuple(h for h in patch.hooks if h is not hook)
-            if not patch.broken:
-                _rebuild(patch)
-            if not patch.hooks and _patches.get(key) is patch:
-                del _patches[key]
-
-    remove.hook = hook  # type: ignore[attr-defined]  # lets callers read hook.errors
-    return remove
+    return Removal(hook, key, patch)
 
 
 def _forget_in_forked_child() -> None:

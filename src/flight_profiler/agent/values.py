@@ -136,7 +136,9 @@ def _is_module(value: Any, torch: Any) -> bool:
 
 
 def _has_own_repr(value: Any) -> bool:
-    return type(value).__repr__ is not object.__repr__  # type: ignore[comparison-overlap]
+    # Read off the class: mypy types the instance's __repr__ as already bound.
+    own: object = vars(object)["__repr__"]
+    return getattr(type(value), "__repr__", own) is not own
 
 
 _FAST = frozenset({int, float, bool, type(None)})  # exact types whose repr is short and safe

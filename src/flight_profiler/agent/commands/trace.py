@@ -211,7 +211,7 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
 
     def passes(args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> bool:
         try:
-            return bool(check(args, kwargs, value, exc, elapsed))  # type: ignore[misc]
+            return check is None or bool(check(args, kwargs, value, exc, elapsed))
         except Exception as err:
             state.filter_errors += 1
             if not state.first_filter_error:
