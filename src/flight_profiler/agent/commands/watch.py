@@ -29,7 +29,7 @@ import itertools
 import threading
 import time
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .. import hooks, values
 from ..expressions import fmt_ms, split_top_level
@@ -148,7 +148,7 @@ def _filter_lines(condition: str, target: Target, reject: str) -> list[str]:
 
 
 def compile_gate(
-    condition: str, only_exceptions: bool, target: Target, state: Any
+    condition: str, only_exceptions: bool, target: Target, state: _State
 ) -> tuple[Callable[..., Any] | None, Callable[..., None]]:
     """The hook's (on_enter, on_exit): count, filter (inlined: no extra call), hand matches on.
 
@@ -224,6 +224,15 @@ class _State:
             self.stopped = True
 
 
+class PumpState(Protocol):
+    """What a :class:`Pump` reads and writes of a command's state (watch's and trace's)."""
+
+    queue: collections.deque[dict[str, Any]]
+    dropped: int
+    stopped: bool
+    first_filter_error: str
+
+
 class Pump:
     """Moves rendered events from the bounded queue to the client until the command ends.
 
@@ -234,7 +243,7 @@ class Pump:
 
     FINAL_S = 1.0  # after the hook is gone, at most this long to send what was queued
 
-    def __init__(self, ctx: Context, state: Any, started: float, timeout: float) -> None:
+    def __init__(self, ctx: Context, state: PumpState, started: float, timeout: float) -> None:
         self.ctx = ctx
         self.state = state
         self.deadline = started + timeout if timeout else None
