@@ -62,15 +62,3 @@ def nesting(text: str) -> int:
         elif not ch.isspace() and ch not in ")]}":
             run = 0
     return deepest
-
-
-def fmt_ms(ms: float) -> str:
-    """A duration for humans: ``12.3 ms``, ``0.412 ms``, ``3.1 µs`` (the agent shows ``cost``
-    this way inside expressions, the CLI in its headers: one format for both)."""
-    if ms >= 100:
-        return f"{ms:.0f} ms"
-    if ms >= 1:
-        return f"{ms:.2f} ms"
-    if ms >= 0.01:
-        return f"{ms:.3f} ms"
-    return f"{ms * 1000:.2f} µs"

@@ -32,6 +32,17 @@ def cap(text: str, limit: int = MAX_REPR) -> str:
     return f"{text[:limit]}…(+{len(text) - limit} chars)"
 
 
+def fmt_ms(ms: float) -> str:
+    """A duration for humans: ``12.3 ms``, ``0.412 ms``, ``3.1 µs``."""
+    if ms >= 100:
+        return f"{ms:.0f} ms"
+    if ms >= 1:
+        return f"{ms:.2f} ms"
+    if ms >= 0.01:
+        return f"{ms:.3f} ms"
+    return f"{ms * 1000:.2f} µs"
+
+
 def safe_repr(value: Any, limit: int = MAX_REPR) -> str:
     try:
         return cap(repr(value), limit)
@@ -135,10 +146,12 @@ def _is_module(value: Any, torch: Any) -> bool:
         return False
 
 
+# Read off the class's namespace: typed as a plain object, so comparing identities type-checks.
+_OBJECT_REPR: object = vars(object)["__repr__"]
+
+
 def _has_own_repr(value: Any) -> bool:
-    # Read off the class: mypy types the instance's __repr__ as already bound.
-    own: object = vars(object)["__repr__"]
-    return getattr(type(value), "__repr__", own) is not own
+    return getattr(type(value), "__repr__", _OBJECT_REPR) is not _OBJECT_REPR
 
 
 _FAST = frozenset({int, float, bool, type(None)})  # exact types whose repr is short and safe

@@ -32,7 +32,7 @@ import types
 from typing import Any, Callable, Protocol
 
 from .. import hooks, values
-from ..expressions import fmt_ms, split_top_level
+from ..expressions import split_top_level
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..targets import Target, resolve
@@ -317,7 +317,7 @@ def handle_watch(ctx: Context) -> dict[str, Any]:
             if type(result) is ExprError:
                 text = result.text
             elif kind is _COST and type(result) is float:
-                text = fmt_ms(result)
+                text = values.fmt_ms(result)
             elif kind is _ARGS and type(result) is tuple:
                 inner = [render_value(v, depth - 1) for v in result]
                 text = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"

@@ -82,7 +82,7 @@ def stamp(ts: Any) -> str:
 
 
 def fmt_ms(ms: float) -> str:
-    from flight_profiler.agent.expressions import fmt_ms as agent_fmt
+    from flight_profiler.agent.values import fmt_ms as agent_fmt
 
     return agent_fmt(float(ms))
 
