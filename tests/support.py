@@ -6,6 +6,7 @@ test can also assert that the agent printed nothing into the target's own output
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import re
@@ -41,6 +42,27 @@ def find_pythons() -> dict[str, str]:
 
 
 PYTHONS = find_pythons()
+
+
+_TEMP_DIRS: list[Path] = []
+
+
+def temp_dir(prefix: str = "fp-test-") -> Path:
+    """A new directory under /tmp, removed when the test run ends: for what must exist outside
+    pytest's tmp_path (a target's files, stop files made before the test body runs, a directory
+    another uid must read: pytest's are root-only)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    _TEMP_DIRS.append(path)
+    return path
+
+
+def remove_temp_dirs() -> None:
+    """Remove every temp_dir() made so far (targets still running keep their open files)."""
+    while _TEMP_DIRS:
+        shutil.rmtree(_TEMP_DIRS.pop(), ignore_errors=True)
+
+
+atexit.register(remove_temp_dirs)  # also when support is used outside pytest (bench, by hand)
 
 
 def torch_available() -> bool:
@@ -106,7 +128,7 @@ def spawn(
     args: tuple[str, ...] = (),
 ) -> Target:
     """Start ``python -c code`` (dedented) and wait for ``ready`` on its stdout."""
-    tmp = Path(tempfile.mkdtemp(prefix="fp-target-"))
+    tmp = temp_dir("fp-target-")
     script = tmp / "target_main.py"
     script.write_text(textwrap.dedent(code))
     out, err = tmp / "stdout", tmp / "stderr"

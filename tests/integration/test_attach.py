@@ -7,9 +7,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from attach_targets import STATES, TARGET
 
 from flight_profiler.agent import protocol
 from flight_profiler.api import connect
-from support import PYTHONS, Target, spawn, torch_available
+from support import PYTHONS, Target, spawn, temp_dir, torch_available
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -45,7 +45,7 @@ def _cases() -> list[object]:
 
 class StateTarget:
     def __init__(self, version: str, state: str) -> None:
-        self.stop_file = Path(tempfile.mkdtemp(prefix="fp-stop-")) / "stop"
+        self.stop_file = temp_dir("fp-stop-") / "stop"
         self.target: Target = spawn(TARGET, python=INTERPRETERS[version],
                                     args=(state, str(self.stop_file)))
         self.pid = self.target.pid
@@ -366,7 +366,7 @@ def test_two_clis_attaching_at_once_share_one_agent(state_target) -> None:
 def test_root_attaches_to_another_users_target() -> None:
     # GIVEN a target run by uid 65534 (root's `sudo flight_profiler PID` on a user's job)
     python = PYTHONS.get("3.11") or next(iter(PYTHONS.values()))
-    tmp_path = Path(tempfile.mkdtemp(prefix="fp-user-"))  # pytest's tmp dirs are root-only
+    tmp_path = temp_dir("fp-user-")  # pytest's tmp dirs are root-only
     tmp_path.chmod(0o777)
     script = tmp_path / "t.py"
     script.write_text("import os, time\nos.write(1, b'READY\\n')\n"
@@ -469,7 +469,7 @@ def test_shell_on_a_live_target_reads_commands_from_stdin(state_target) -> None:
     t = state_target(next(iter(PYTHONS)), "sleeping")
     proc = subprocess.run([*CLI, str(t.pid)], input="stack\nstak\nstatus --json\nhelp\ndetach\n",
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "HOME": tempfile.mkdtemp(prefix="fp-home-")})
+                          env={**os.environ, "HOME": str(temp_dir("fp-home-"))})
     assert proc.returncode == 0, proc.stderr
     assert "fp_sleeping_main" in proc.stdout  # stack ran
     assert f'"pid": {t.pid}' in proc.stdout  # `status --json` printed JSON
@@ -493,11 +493,7 @@ while True:
 """
 
 
-@pytest.mark.skipif(not (Path(protocol.__file__).parent / "commands" / "watch.py").exists(),
-                    reason="the watch command is not in this tree")
 def test_ctrl_c_during_a_stream_removes_every_hook(spawn_target) -> None:
-    import signal
-
     t = spawn_target(WATCHED, python=PYTHONS.get("3.12") or next(iter(PYTHONS.values())))
     # GIVEN a CLI streaming an unbounded watch (a real terminal's Ctrl-C is a SIGINT)
     cli = subprocess.Popen([*CLI, str(t.pid), "--cmd", "watch __main__ fp_step", "--json"],

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from attach_targets import STATES, TARGET
 
 from flight_profiler.attach import gdb_selftest, ptrace
 from flight_profiler.errors import AttachFailed
-from support import PYTHONS, spawn
+from support import PYTHONS, spawn, temp_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180),
               pytest.mark.skipif(not ptrace.supported(), reason="x86-64 Linux only")]
@@ -53,7 +52,7 @@ def state_target():
     made = []
 
     def make(version: str, state: str):
-        stop = Path(tempfile.mkdtemp(prefix="fp-stop-")) / "stop"
+        stop = temp_dir("fp-stop-") / "stop"
         t = spawn(TARGET, python=INTERPRETERS[version], args=(state, str(stop)))
         made.append((t, stop))
         return t, stop

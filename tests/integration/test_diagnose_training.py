@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ WORKLOADS = Path(__file__).resolve().parent / "training_workloads"
 
 
 def diagnose(tmp_path: Path, script: str, method: list[str]) -> tuple[dict[str, Any], dict[str, Any], str]:
-    stop = Path(tempfile.mkdtemp(prefix="fp-stop-")) / "stop"
+    stop = tmp_path / "stop"
     target = spawn((WORKLOADS / script).read_text(), args=(str(stop),), timeout=60)
     out = tmp_path / "diag"
     try:

@@ -18,7 +18,7 @@ import pytest
 
 from flight_profiler.agent import hooks, registry
 from flight_profiler.agent.commands import watch as watch_cmd
-from flight_profiler.agent.commands.watch import split_top_level
+from flight_profiler.agent.expressions import split_top_level
 from flight_profiler.agent.registry import CommandError, Context
 
 SOURCE = """

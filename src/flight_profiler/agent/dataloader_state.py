@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .thread_gate import AGENT_THREAD_PREFIX, blocked_in
 
@@ -186,7 +186,7 @@ def _where(frame: Any) -> str:
 
 
 def sample_threads(seconds: float, interval: float = 0.01,
-                   cancelled: Any = None) -> list[dict[str, Any]]:
+                   cancelled: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """Where each non-agent thread spends its time: shares of samples per category and place."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
@@ -228,7 +228,7 @@ def sample_threads(seconds: float, interval: float = 0.01,
     return out
 
 
-def state(sample_seconds: float = 1.0, cancelled: Any = None) -> dict[str, Any]:
+def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Loaders, their workers (with CPU use over the sampling window) and the threads' waits."""
     loaders = find_loaders()
     t0 = time.monotonic()

@@ -153,7 +153,8 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
     # outlive this function, or frame -> local -> dict -> frame would be a cycle keeping every
     # tensor the census collected alive until the next GC pass.
     frames = sys._current_frames()
-    frames.pop(skip_thread, None)  # type: ignore[arg-type]
+    if skip_thread is not None:
+        frames.pop(skip_thread, None)
     names = {t.ident: t.name for t in threading.enumerate()}
     f: Any = None
     top: Any = None

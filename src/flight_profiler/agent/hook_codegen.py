@@ -14,16 +14,11 @@ import keyword
 import time
 import types
 from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from typing import Any
 
+from .hook_registry import HOOK_FILE_PREFIX, CodeType, FunctionType, Hook
 from .protocol import ERR_USAGE
 from .registry import CommandError
-from .targets import HOOK_FILE_PREFIX
-
-CodeType = types.CodeType
-FunctionType = types.FunctionType
-OnEnter = Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
-OnExit = Callable[[Any, Any, Optional[BaseException], int], None]
 
 _CO_VARARGS = 0x04
 _CO_VARKEYWORDS = 0x08
@@ -53,7 +48,7 @@ _NO_KWARGS: Mapping[str, Any] = types.MappingProxyType({})
 _HOOK_BASE = 5
 
 
-class _Constants(tuple):  # type: ignore[type-arg]
+class _Constants(tuple[Any, ...]):
     """The wrapper's constants. Hashed by identity: code objects hash their constants, and
     profilers, coverage tools and torch.compile key caches by code object, so the wrapper code
     must stay hashable whatever callbacks (say, bound methods of unhashable objects) it holds.
@@ -67,21 +62,6 @@ class _Constants(tuple):  # type: ignore[type-arg]
 
     def __ne__(self, other: object) -> bool:
         return self is not other
-
-
-class Hook:
-    """One observer of one function (several may share a function)."""
-
-    __slots__ = ("active", "errors", "on_enter", "on_exit")
-
-    def __init__(self, on_enter: OnEnter | None, on_exit: OnExit) -> None:
-        self.on_enter = on_enter
-        self.on_exit = on_exit
-        self.active = True
-        self.errors = 0
-
-    def count_error(self) -> None:
-        self.errors += 1
 
 
 # -- wrapper code generation -----------------------------------------------------------------

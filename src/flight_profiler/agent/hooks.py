@@ -53,67 +53,35 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import threading
 import weakref
-from typing import Callable
 
-from .hook_codegen import (
-    SKIP,
+from . import hook_registry
+from .hook_codegen import SKIP, make_wrapper, replace_const
+from .hook_registry import (
     CodeType,
     FunctionType,
     Hook,
     OnEnter,
     OnExit,
-    make_wrapper,
-    replace_const,
+    Patch,
+    active,
+    function_patch,
+    original_code,
 )
 from .protocol import ERR_USAGE
 from .registry import CommandError
 from .targets import Target
 
-__all__ = ["SKIP", "Hook", "active", "install", "original_code"]
+__all__ = ["SKIP", "Hook", "Removal", "active", "install", "original_code"]
 
-# -- the registry of patched functions -------------------------------------------------------
-
-
-class _Patch:
-    """One hooked function (or nested code), its hooks, and everything needed to undo it."""
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        self.function = target.function
-        self.code = target.code  # the original code being observed
-        self.hooks: tuple[Hook, ...] = ()
-        self.orig_function: FunctionType | None = None  # non-nested: what the wrapper calls
-        self.wrapper: CodeType | None = None  # the wrapper currently installed
-        self.outer_before: CodeType | None = None  # nested: outer body before patching
-        self.live: list[weakref.ref[FunctionType]] = []
-        self.broken = False  # someone else replaced our wrapper: leave theirs alone
-
-    def qualname(self) -> str:
-        return getattr(self.code, "co_qualname", None) or self.target.description.split(".", 1)[-1]
-
-
-_lock = threading.RLock()
-_patches: dict[tuple[int, ...], _Patch] = {}
-
-
-def _function_patch(function: FunctionType) -> _Patch | None:
-    return _patches.get((id(function),))
-
-
-def original_code(function: FunctionType) -> CodeType:
-    """The code ``function`` runs when no hook of ours is in the way."""
-    with _lock:
-        patch = _function_patch(function)
-        if patch is not None and patch.orig_function is not None:
-            return patch.orig_function.__code__
-        return function.__code__
+# The registry of patched functions lives in hook_registry.py (a leaf: targets.py reads it too).
+_lock = hook_registry.lock
+_patches = hook_registry.patches
 
 
 def _set_body(function: FunctionType, code: CodeType) -> None:
     """Give ``function`` new code, underneath our wrapper if it has one."""
-    patch = _function_patch(function)
+    patch = function_patch(function)
     if patch is not None and patch.orig_function is not None:
         patch.orig_function.__code__ = code
         patch.code = code
@@ -121,11 +89,10 @@ def _set_body(function: FunctionType, code: CodeType) -> None:
         function.__code__ = code
 
 
-def _swap(patch: _Patch, new: CodeType | None) -> None:
+def _swap(patch: Patch, new: CodeType | None) -> None:
     """Replace the installed wrapper by ``new`` (None: by the original code)."""
     old = patch.wrapper
-    target = patch.target
-    if not target.is_nested:
+    if not patch.nested:
         if patch.function.__code__ is (old if old is not None else patch.code):
             patch.function.__code__ = new if new is not None else patch.code
         else:
@@ -134,8 +101,8 @@ def _swap(patch: _Patch, new: CodeType | None) -> None:
         current = original_code(patch.function)
         replacement = new if new is not None else patch.code
         updated = replace_const(current, old if old is not None else patch.code, replacement)
-        if new is None and updated == patch.outer_before:
-            updated = patch.outer_before  # identity, not a lookalike  # type: ignore[assignment]
+        if new is None and patch.outer_before is not None and updated == patch.outer_before:
+            updated = patch.outer_before  # identity, not a lookalike
         if updated is not current:
             _set_body(patch.function, updated)
         if old is None:  # first install: closures made before the hook (one gc scan)
@@ -149,7 +116,7 @@ def _swap(patch: _Patch, new: CodeType | None) -> None:
     patch.wrapper = new
 
 
-def _rebuild(patch: _Patch) -> None:
+def _rebuild(patch: Patch) -> None:
     if not patch.hooks:
         _swap(patch, None)
         return
@@ -157,8 +124,8 @@ def _rebuild(patch: _Patch) -> None:
     _swap(patch, wrapper)
 
 
-def _new_patch(target: Target) -> _Patch:
-    patch = _Patch(target)
+def _new_patch(target: Target) -> Patch:
+    patch = Patch(target.description, target.function, target.code, target.is_nested)
     function = target.function
     if target.is_nested:
         patch.outer_before = original_code(function)
@@ -181,7 +148,30 @@ def _contains(code: CodeType, wanted: CodeType) -> bool:
     )
 
 
-def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit) -> Callable[[], None]:
+class Removal:
+    """``remove()`` of one installed hook (idempotent); ``.hook`` lets callers read its errors."""
+
+    __slots__ = ("_key", "_patch", "hook")
+
+    def __init__(self, hook: Hook, key: tuple[int, ...], patch: Patch) -> None:
+        self.hook = hook
+        self._key = key
+        self._patch = patch
+
+    def __call__(self) -> None:
+        hook, patch = self.hook, self._patch
+        with _lock:
+            if not hook.active:
+                return
+            hook.active = False
+            patch.hooks = tuple(h for h in patch.hooks if h is not hook)
+            if not patch.broken:
+                _rebuild(patch)
+            if not patch.hooks and _patches.get(self._key) is patch:
+                del _patches[self._key]
+
+
+def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit) -> Removal:
     """Start observing ``target``; returns ``remove()`` (idempotent).
 
     ``on_enter`` may be None: the token passed to ``on_exit`` is then ``(args, kwargs)``,
@@ -200,20 +190,7 @@ def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit) -> Callab
             patch.hooks = patch.hooks[:-1]
             raise
         _patches[key] = patch
-
-    def remove() -> None:
-        with _lock:
-            if not hook.active:
-                return
-            hook.active = False
-            patch.hooks = tuple(h for h in patch.hooks if h is not hook)
-            if not patch.broken:
-                _rebuild(patch)
-            if not patch.hooks and _patches.get(key) is patch:
-                del _patches[key]
-
-    remove.hook = hook  # type: ignore[attr-defined]  # lets callers read hook.errors
-    return remove
+    return Removal(hook, key, patch)
 
 
 def _forget_in_forked_child() -> None:
@@ -237,9 +214,3 @@ def _forget_in_forked_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_forked_child)
-
-
-def active() -> list[str]:
-    """Descriptions of the functions currently hooked (for status and tests)."""
-    with _lock:
-        return [p.target.description for p in _patches.values()]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .expressions import nesting, split_top_level
+
 MAX_REQUEST_BYTES = 64 * 1024  # one request frame, as received by the agent (strings: 16 KB)
 MAX_STRING_CHARS = 16 * 1024  # any string argument
 MAX_EXPR_CHARS = 4096  # one expression (--expr part, -f)
@@ -21,34 +23,10 @@ EXPRESSION_ARGS = ("expr", "filter")
 
 
 def expression_problem(text: str) -> str | None:
-    """Why ``text`` is too big to compile in the target, or None. Linear, no allocation."""
+    """Why ``text`` is too big to compile in the target, or None. Linear in its length."""
     if len(text) > MAX_EXPR_CHARS:
         return f"expression of {len(text)} characters (limit {MAX_EXPR_CHARS})"
-    depth = deepest = run = 0
-    quote = ""
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif text.startswith(quote, i):
-                i += len(quote) - 1
-                quote = ""
-        elif ch in "'\"":
-            quote = ch * 3 if text.startswith(ch * 3, i) else ch
-            i += len(quote) - 1
-        elif ch in "([{":
-            depth += 1
-            deepest = max(deepest, depth + run)
-        elif ch in ")]}":
-            depth -= 1
-        elif ch in "-+~":
-            run += 1  # `- - - x` nests one node per sign
-            deepest = max(deepest, depth + run)
-        elif not ch.isspace():
-            run = 0
-        i += 1
+    deepest = nesting(text)
     if deepest > MAX_NESTING:
         return f"expression nested {deepest} levels deep (limit {MAX_NESTING})"
     return None
@@ -72,8 +50,6 @@ def request_problem(args: Any) -> str | None:
 
 def _exprs_problem(text: str) -> str | None:
     """Bounds of a comma-separated --expr text: each part and their number."""
-    from .commands.watch import split_top_level
-
     parts = split_top_level(text)
     if len(parts) > MAX_EXPRESSIONS:
         return f"{len(parts)} expressions (limit {MAX_EXPRESSIONS})"

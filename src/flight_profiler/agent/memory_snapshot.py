@@ -71,13 +71,13 @@ def cpu_snapshot(torch: Any, label: str) -> dict[str, Any]:
 
 def cuda_snapshot(torch: Any, label: str) -> dict[str, Any]:
     """The caching allocator's own snapshot (thin layer; not verified on hardware here)."""
-    snap: Any = plain(torch.cuda.memory._snapshot())
-    if isinstance(snap, list):  # legacy: a bare list of segments
-        snap = {"segments": snap, "device_traces": []}
+    raw = plain(torch.cuda.memory._snapshot())
+    # legacy: a bare list of segments
+    snap: dict[str, Any] = {"segments": raw, "device_traces": []} if isinstance(raw, list) else raw
     snap.setdefault("device_traces", [])
     snap.setdefault("allocator_settings", {})
     snap["flight_profiler"] = meta("cuda", label, source="allocator", history=has_stacks(snap))
-    return snap  # type: ignore[no-any-return]
+    return snap
 
 
 def has_stacks(snap: dict[str, Any]) -> bool:

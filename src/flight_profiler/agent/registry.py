@@ -64,7 +64,8 @@ def lookup(cmd: str) -> Handler:
         raise CommandError(f"unknown command {cmd!r}", f"known commands: {known}", ERR_USAGE)
     module_name, func_name = target.split(":")
     module = importlib.import_module(f"{__package__}.commands.{module_name}")
-    return getattr(module, func_name)  # type: ignore[no-any-return]
+    handler: Handler = getattr(module, func_name)
+    return handler
 
 
 class AgentState:

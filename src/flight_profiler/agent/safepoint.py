@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from .registry import Context
 
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 # A queued pending call cannot be withdrawn: its callback must outlive a timed-out wait.
@@ -95,7 +98,7 @@ def _torch_profiler_running() -> bool:
         return False
 
 
-def at_safe_point(ctx: Any, fn: Callable[[], Any], what: str, timeout: float = 2.0) -> Any:
+def at_safe_point(ctx: Context, fn: Callable[[], Any], what: str, timeout: float = 2.0) -> Any:
     """Run ``fn`` while no other thread can be inside a torch op; a timeout becomes a user error.
 
     Where CPython lets the agent hold every thread at a safe point (thread_gate.py), ``fn`` runs
@@ -103,6 +106,8 @@ def at_safe_point(ctx: Any, fn: Callable[[], Any], what: str, timeout: float = 2
     including a main thread parked in ``join()``. Elsewhere, or while a torch profiler session
     runs (the gate would switch its Python tracer off), it runs in the main thread.
     """
+    # Deferred: the rest of this module works loaded on its own (tests run it by file path
+    # under every interpreter), without the package around it.
     from . import thread_gate
     from .registry import CommandError
 

@@ -235,7 +235,7 @@ class Connection:
         self.conn = conn
         self._send_lock = threading.Lock()
         self._ctx: registry.Context | None = None
-        self._req_id: Any = None
+        self._req_id: object = None  # the JSON id the client chose: echoed, never interpreted
         self._worker: threading.Thread | None = None
         self._busy = False  # a request is running (cleared before its final message is sent)
 

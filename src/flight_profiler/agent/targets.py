@@ -20,6 +20,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from .hook_registry import HOOK_FILE_PREFIX, original_code
 from .protocol import ERR_NOT_FOUND, ERR_USAGE
 from .registry import CommandError
 
@@ -156,9 +157,6 @@ def _as_function(raw: Any, where: str, name: str) -> tuple[FunctionType, str]:
     return raw, kind
 
 
-HOOK_FILE_PREFIX = "<flight_profiler hook"  # co_filename of hooks.py's wrapper code
-
-
 def _unhooked(const: CodeType) -> CodeType:
     """A nested function's own code, looking through a hook already installed on it."""
     if const.co_filename.startswith(HOOK_FILE_PREFIX):
@@ -189,13 +187,6 @@ def _nested_names(code: CodeType) -> list[str]:
             names.append(const.co_name)
             names.extend(_nested_names(const))
     return names
-
-
-def original_code(function: FunctionType) -> CodeType:
-    """The function's own code, looking through a hook installed by hooks.py."""
-    from . import hooks  # late: hooks imports this module
-
-    return hooks.original_code(function)
 
 
 def resolve(spec: dict[str, Any]) -> Target:

@@ -121,14 +121,14 @@ def write_json(path: str, obj: Any) -> int:
     def write(f: IO[bytes]) -> None:
         if path.endswith(".gz"):
             with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as gz:
-                _dump_json(obj, gz)  # type: ignore[arg-type]  # GzipFile is a binary file
+                _dump_json(obj, gz)
         else:
             _dump_json(obj, f)
 
     return write_atomic(path, write)
 
 
-def _dump_json(obj: Any, f: IO[bytes]) -> None:
+def _dump_json(obj: Any, f: IO[bytes] | gzip.GzipFile) -> None:
     encoder = json.JSONEncoder(separators=(",", ":"), default=str)
     for chunk in encoder.iterencode(obj):
         f.write(chunk.encode("utf-8"))

@@ -146,8 +146,12 @@ def _is_module(value: Any, torch: Any) -> bool:
         return False
 
 
+# Read off the class's namespace: typed as a plain object, so comparing identities type-checks.
+_OBJECT_REPR: object = vars(object)["__repr__"]
+
+
 def _has_own_repr(value: Any) -> bool:
-    return type(value).__repr__ is not object.__repr__  # type: ignore[comparison-overlap]
+    return getattr(type(value), "__repr__", _OBJECT_REPR) is not _OBJECT_REPR
 
 
 _FAST = frozenset({int, float, bool, type(None)})  # exact types whose repr is short and safe

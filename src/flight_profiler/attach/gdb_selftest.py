@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 from flight_profiler.errors import AttachFailed
 
@@ -107,7 +108,7 @@ def run_selftest(gdb: str, timeout: float = 20.0) -> tuple[bool, str]:
             child.wait()
 
 
-def check(gdb: str, say: object = None) -> None:
+def check(gdb: str, say: Callable[[str], None] | None = None) -> None:
     """Raise AttachFailed (naming cause and fix) unless ``gdb`` passed its self-test here."""
     key = _key(gdb)
     cached = _load().get(key)
@@ -115,7 +116,7 @@ def check(gdb: str, say: object = None) -> None:
         ok, why = run_selftest(gdb)
         cached = {"ok": ok, "why": why}
         _store(key, cached)
-    if callable(say):
+    if say is not None:
         say(f"gdb self-test ({gdb}): {'passed' if cached['ok'] else 'FAILED'}: {cached['why']}")
     if not cached.get("ok"):
         raise AttachFailed(

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.agent import protocol
+from flight_profiler.attach import process
 from flight_profiler.attach.ranks import ProcInfo
 from flight_profiler.errors import FlightProfilerError
 
@@ -78,10 +80,6 @@ def _attempt(target: ProcInfo, work: Callable[[Session], dict[str, Any]], timeou
 def has_agent(pid: int) -> bool:
     """An agent's socket exists for ``pid``: connecting will not inject (the agent removes its
     socket when it stops)."""
-    from flight_profiler.agent import protocol
-    from flight_profiler.attach import process
-    from flight_profiler.errors import FlightProfilerError
-
     try:
         target = process.inspect(pid, check_permissions=False)
     except FlightProfilerError:

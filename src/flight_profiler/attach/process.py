@@ -66,12 +66,13 @@ def parse_status(text: str) -> Status:
     for line in text.splitlines():
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
-    uids = tuple(int(x) for x in fields.get("Uid", "0 0 0 0").split()[:4])
+    ids = [int(x) for x in fields.get("Uid", "0 0 0 0").split()[:4]] or [0]
+    ids += [ids[-1]] * (4 - len(ids))  # real, effective, saved, filesystem
     ns = fields.get("NSpid", "").split()
     return Status(
         state=fields.get("State", "?").split()[0] if fields.get("State") else "?",
         tracer_pid=int(fields.get("TracerPid", "0") or 0),
-        uids=(uids + (uids[-1],) * 4)[:4],  # type: ignore[arg-type]
+        uids=(ids[0], ids[1], ids[2], ids[3]),
         ns_pid=int(ns[-1]) if ns else 0,
         cap_eff=int(fields.get("CapEff", "0"), 16),
         tgid=int(fields.get("Tgid", "0") or 0),
@@ -180,20 +181,25 @@ def check_ptrace_allowed(status: Status, caller_uid: int, caller_caps: int, pid:
 def check_permissions(pid: int) -> None:
     """Predict a ptrace refusal before running gdb (which would only say "not permitted")."""
     try:
-        status = parse_status(str(_read(f"/proc/{pid}/status")))
+        status = parse_status(_read(f"/proc/{pid}/status"))
     except FileNotFoundError:
         raise ProcessNotFound(f"no process with pid {pid}") from None
     check_ptrace_allowed(status, os.geteuid(), _caller_caps(), pid)
 
 
-def _read(path: str, binary: bool = False) -> str | bytes:
-    with open(path, "rb" if binary else "r") as f:
-        return f.read()  # type: ignore[no-any-return]
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _caller_caps() -> int:
     try:
-        return parse_status(str(_read("/proc/self/status"))).cap_eff
+        return parse_status(_read("/proc/self/status")).cap_eff
     except OSError:
         return 0
 
@@ -217,7 +223,7 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
     if pid <= 0:
         raise ProcessNotFound(f"invalid pid {pid}")
     try:
-        status = parse_status(str(_read(f"/proc/{pid}/status")))
+        status = parse_status(_read(f"/proc/{pid}/status"))
     except FileNotFoundError:
         raise ProcessNotFound(f"no process with pid {pid}") from None
     except PermissionError:
@@ -230,7 +236,7 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
                          f"use the process id: `flight_profiler {status.tgid}`")
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
-        maps = str(_read(f"/proc/{pid}/maps"))
+        maps = _read(f"/proc/{pid}/maps")
     except FileNotFoundError:
         raise ProcessNotFound(f"process {pid} exited") from None
     except PermissionError:
@@ -260,12 +266,12 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
     if check_permissions:
         check_ptrace_allowed(status, os.geteuid(), _caller_caps(), pid)
     try:
-        cmdline = str(_read(f"/proc/{pid}/cmdline")).split("\0")
+        cmdline = _read(f"/proc/{pid}/cmdline").split("\0")
     except OSError:
         cmdline = []
     environ: dict[str, str] = {}
     try:
-        for item in bytes(_read(f"/proc/{pid}/environ", binary=True)).split(b"\0"):  # type: ignore[arg-type]
+        for item in _read_bytes(f"/proc/{pid}/environ").split(b"\0"):
             key, sep, value = item.partition(b"=")
             if sep:
                 environ[key.decode(errors="replace")] = value.decode(errors="replace")

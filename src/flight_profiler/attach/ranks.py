@@ -18,6 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from flight_profiler.attach.process import python_version_from
 from flight_profiler.errors import ProcessNotFound, UsageError
 from flight_profiler.rank_list import format_ranks, parse_ranks
 
@@ -174,8 +175,6 @@ def select_ranks(job: Job, wanted: set[int] | None) -> list[ProcInfo]:
 # -- live processes (psutil) ----------------------------------------------------------------
 
 def _python_and_torch(proc: Any) -> tuple[str | None, bool]:
-    from flight_profiler.attach.process import python_version_from
-
     # /proc/PID/maps, not psutil's memory_maps(): that one parses smaps, ~100x slower, and
     # the mapped file names are all that is needed here.
     try:

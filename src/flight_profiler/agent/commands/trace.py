@@ -33,9 +33,10 @@ import types
 from typing import Any, Callable
 
 from .. import hooks, values
+from ..hook_registry import HOOK_FILE_PREFIX
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
-from ..targets import HOOK_FILE_PREFIX, resolve
+from ..targets import resolve
 from .watch import QUEUE_MAX, Pump, at_entry, compile_call_function, number_arg
 
 MAX_NODES = 20000
@@ -210,7 +211,7 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
 
     def passes(args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> bool:
         try:
-            return bool(check(args, kwargs, value, exc, elapsed))  # type: ignore[misc]
+            return check is None or bool(check(args, kwargs, value, exc, elapsed))
         except Exception as err:
             state.filter_errors += 1
             if not state.first_filter_error:

@@ -29,9 +29,10 @@ import itertools
 import threading
 import time
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .. import hooks, values
+from ..expressions import split_top_level
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..targets import Target, resolve
@@ -42,32 +43,6 @@ _KINDS = {"params": _ARGS, "args": _ARGS, "cost": _COST, "return_obj": _RETURN}
 DEFAULT_EXPRS = ("params", "return_obj", "cost")
 QUEUE_MAX = 256  # events waiting to be sent; beyond it calls are counted as dropped
 POLL_S = 0.05
-
-
-def split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets and string literals: ``"a[0, 1], f(x, y)"`` -> 2 parts."""
-    parts, depth, quote, start, i = [], 0, "", 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif text.startswith(quote, i):
-                i += len(quote) - 1
-                quote = ""
-        elif ch in "'\"":
-            quote = ch * 3 if text.startswith(ch * 3, i) else ch
-            i += len(quote) - 1
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-        i += 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
 
 
 def number_arg(ctx: Context, name: str, default: float, kind: type = int) -> Any:
@@ -173,7 +148,7 @@ def _filter_lines(condition: str, target: Target, reject: str) -> list[str]:
 
 
 def compile_gate(
-    condition: str, only_exceptions: bool, target: Target, state: Any
+    condition: str, only_exceptions: bool, target: Target, state: _State
 ) -> tuple[Callable[..., Any] | None, Callable[..., None]]:
     """The hook's (on_enter, on_exit): count, filter (inlined: no extra call), hand matches on.
 
@@ -249,6 +224,15 @@ class _State:
             self.stopped = True
 
 
+class PumpState(Protocol):
+    """What a :class:`Pump` reads and writes of a command's state (watch's and trace's)."""
+
+    queue: collections.deque[dict[str, Any]]
+    dropped: int
+    stopped: bool
+    first_filter_error: str
+
+
 class Pump:
     """Moves rendered events from the bounded queue to the client until the command ends.
 
@@ -259,7 +243,7 @@ class Pump:
 
     FINAL_S = 1.0  # after the hook is gone, at most this long to send what was queued
 
-    def __init__(self, ctx: Context, state: Any, started: float, timeout: float) -> None:
+    def __init__(self, ctx: Context, state: PumpState, started: float, timeout: float) -> None:
         self.ctx = ctx
         self.state = state
         self.deadline = started + timeout if timeout else None

@@ -40,7 +40,7 @@ def _short(text: str) -> str:
 
 
 def split_exprs(text: str) -> list[str]:
-    from flight_profiler.agent.commands.watch import split_top_level
+    from flight_profiler.agent.expressions import split_top_level
 
     return split_top_level(text)
 
