@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from flight_profiler.cli.params import FiniteFloatRange
-from flight_profiler.errors import ExitCode, FindingsThreshold, FlightProfilerError, Incomplete
+from flight_profiler.errors import ExitCode, FlightProfilerError
 from flight_profiler.report.models import SEVERITIES
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ def attach(pid: int, out_dir: str, timeout: float) -> Session:
     """Check the pid, create the output directory, attach; a failure leaves no empty directory."""
     from flight_profiler.api import connect
     from flight_profiler.attach import process
+    from flight_profiler.diagnose.outputs import prepare_out_dir
 
     process.inspect(pid, check_permissions=False)  # a wrong pid fails before anything is created
     created = not os.path.exists(out_dir)
@@ -110,26 +111,6 @@ def attach(pid: int, out_dir: str, timeout: float) -> Session:
         if created and not os.listdir(out_dir):
             os.rmdir(out_dir)
         raise
-
-
-def prepare_out_dir(path: str, pid: int) -> None:
-    """Create the output directory; the agent (running as the target's user) writes into it."""
-    from flight_profiler.errors import UsageError
-
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create the output directory {path}: {exc.strerror}",
-                         "pass a writable --out DIR") from None
-    if os.geteuid() == 0:
-        # Root diagnosing another user's job: let that user's agent write the artefacts.
-        # /proc/PID belongs to the process' effective uid and gid.
-        try:
-            owner = os.stat(f"/proc/{pid}")
-            if owner.st_uid != 0 and not os.listdir(path):
-                os.chown(path, owner.st_uid, owner.st_gid)
-        except OSError:
-            pass
 
 
 def _leave(driver: object) -> None:
@@ -151,6 +132,7 @@ def finish(result: DiagnoseResult, fail_on: str | None, as_json: bool) -> None:
     """Print the summary (or JSON); a verdict other than 0 (--fail-on, incomplete) is raised."""
     from flight_profiler.diagnose import summary
     from flight_profiler.diagnose.evidence import missing
+    from flight_profiler.diagnose.outputs import verdict
 
     report = result.report
 
@@ -176,16 +158,3 @@ def finish(result: DiagnoseResult, fail_on: str | None, as_json: bool) -> None:
 
             Console(stderr=True).print(err.message, highlight=False)
         raise err
-
-
-def verdict(code: int, fail_on: str | None, gaps: int) -> FlightProfilerError:
-    """The error that ends a diagnosis with ``code``, said by the summary, not as an error."""
-    if code == ExitCode.FINDINGS:
-        return FindingsThreshold(f"findings reached --fail-on {fail_on}: exit {code}", "",
-                                 reported=True)
-    if code == ExitCode.INCOMPLETE:
-        return Incomplete(f"{gaps} phase(s) failed, so the diagnosis is incomplete: exit {code}",
-                          "", reported=True)
-    # CI asked for a verdict and no report could make one.
-    return FlightProfilerError(f"no report could be made, so --fail-on {fail_on} cannot pass: "
-                               f"exit {code}", "", reported=True)

@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | None,
                        out_dir: str | None, calls: int, duration: float, timeout: float,
                        attach_timeout: float, fail_on: str | None, as_json: bool) -> None:
-    from flight_profiler.cli.diagnose_cmd import prepare_out_dir, verdict
     from flight_profiler.cli.ranks_cmd import job_targets
     from flight_profiler.diagnose import default_out_dir
     from flight_profiler.diagnose.all_ranks import diagnose_job
+    from flight_profiler.diagnose.outputs import prepare_out_dir, verdict
 
     targets = job_targets(pid, ranks_spec)
     out = out_dir or default_out_dir(pid, "flight_profiler-job")

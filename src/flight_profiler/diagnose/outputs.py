@@ -13,10 +13,14 @@ import html
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flight_profiler.atomic_files import write_text_atomic
 from flight_profiler.diagnose import evidence
+
+if TYPE_CHECKING:
+    from flight_profiler.errors import FlightProfilerError
+
 from flight_profiler.diagnose.model import FAILED, OK, SKIPPED, DiagnoseResult, PhaseResult
 
 REPORT_FILES = {"md": "report.md", "json": "report.json", "html": "report.html"}
@@ -171,3 +175,38 @@ def _inject_html(page: str, section: str) -> str:
     if marker < 0:
         return page + "\n" + section + "\n"
     return page[:marker] + section + "\n" + page[marker:]
+
+
+def prepare_out_dir(path: str, pid: int) -> None:
+    """Create the output directory; the agent (running as the target's user) writes into it."""
+    from flight_profiler.errors import UsageError
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the output directory {path}: {exc.strerror}",
+                         "pass a writable --out DIR") from None
+    if os.geteuid() == 0:
+        # Root diagnosing another user's job: let that user's agent write the artefacts.
+        # /proc/PID belongs to the process' effective uid and gid.
+        try:
+            owner = os.stat(f"/proc/{pid}")
+            if owner.st_uid != 0 and not os.listdir(path):
+                os.chown(path, owner.st_uid, owner.st_gid)
+        except OSError:
+            pass
+
+
+def verdict(code: int, fail_on: str | None, gaps: int) -> FlightProfilerError:
+    """The error that ends a diagnosis with ``code``, said by the summary, not as an error."""
+    from flight_profiler.errors import ExitCode, FindingsThreshold, FlightProfilerError, Incomplete
+
+    if code == ExitCode.FINDINGS:
+        return FindingsThreshold(f"findings reached --fail-on {fail_on}: exit {code}", "",
+                                 reported=True)
+    if code == ExitCode.INCOMPLETE:
+        return Incomplete(f"{gaps} phase(s) failed, so the diagnosis is incomplete: exit {code}",
+                          "", reported=True)
+    # CI asked for a verdict and no report could make one.
+    return FlightProfilerError(f"no report could be made, so --fail-on {fail_on} cannot pass: "
+                               f"exit {code}", "", reported=True)
