@@ -65,6 +65,24 @@ def remove_temp_dirs() -> None:
 atexit.register(remove_temp_dirs)  # also when support is used outside pytest (bench, by hand)
 
 
+_OTHER_USER_OK: dict[int, bool] = {}
+
+
+def other_user_can_run_us(uid: int = 65534) -> bool:
+    """uid ``uid`` can run this checkout's interpreter and import flight_profiler (false when the
+    checkout sits under a directory only root can enter): the second-user tests need it."""
+    if uid not in _OTHER_USER_OK:
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            _OTHER_USER_OK[uid] = False
+        else:
+            probe = subprocess.run(
+                ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups",
+                 sys.executable, "-c", f"import sys, flight_profiler; assert sys.prefix == {sys.prefix!r}"],
+                capture_output=True, timeout=60, cwd="/")
+            _OTHER_USER_OK[uid] = probe.returncode == 0
+    return _OTHER_USER_OK[uid]
+
+
 def torch_available() -> bool:
     try:
         import importlib.util

@@ -18,7 +18,7 @@ from attach_targets import STATES, TARGET
 
 from flight_profiler.agent import protocol
 from flight_profiler.api import connect
-from support import PYTHONS, Target, spawn, temp_dir, torch_available
+from support import PYTHONS, Target, other_user_can_run_us, spawn, temp_dir, torch_available
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -193,7 +193,8 @@ def _as_nobody(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second user")
+@pytest.mark.skipif(not other_user_can_run_us(), reason="needs root, setpriv, and a checkout "
+                    "uid 65534 can read (not under a root-only directory)")
 def test_other_user_cannot_reach_the_agent(state_target) -> None:
     t = state_target(next(iter(PYTHONS)), "sleeping")
     with connect(t.pid, timeout=15) as session:

@@ -23,10 +23,12 @@ from flight_profiler.agent import protocol
 from flight_profiler.attach import cleanup, staging
 from flight_profiler.attach.agent_dir import AgentDir
 from flight_profiler.errors import AttachTimeout, PermissionDenied
+from support import other_user_can_run_us
 
 USER = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                reason="needs root and setpriv to act as a second user")
+needs_root = pytest.mark.skipif(not other_user_can_run_us(USER),
+                                reason="needs root, setpriv, and a checkout uid 65534 can read "
+                                       "(not under a root-only directory) to act as a second user")
 
 
 def as_user(code: str) -> subprocess.CompletedProcess[str]:
