@@ -91,7 +91,7 @@ def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
         for i in range(samples):
             if i:
                 time.sleep(gap)
-            res = session.request("stack", {"all": False, "limit": 200})
+            res = session.request("stack", {"all": False, "limit": 200, "progress": True})
             res["time"] = time.time()
             taken.append(res)
         return {"samples": taken, "flight_recorder": flight_recorder(session)}

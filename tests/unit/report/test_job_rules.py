@@ -49,6 +49,45 @@ def test_moving_odd_rank_is_a_warning_not_a_hang(tmp_path: Path) -> None:
     assert (f["rule"], f["severity"], f["ranks"]) == ("job-hang", "warning", [3])
 
 
+def _same_line_every_sample(tmp_path: Path, keep_counters: bool) -> Path:
+    """The recorded straggler job (ranks 0-2 wait in all_reduce, rank 3 computes longer), as CI
+    once sampled it on a loaded machine: every sample caught three ranks in all_reduce and one
+    (here rank 1) at the same line (its time.sleep), so every stack looked stuck. The kernel's counters of
+    the recorded samples say otherwise: the waiting threads woke up hundreds of times."""
+    for f in (FIXTURES / "straggler" / "stacks").glob("*.json"):
+        doc = json.loads(f.read_text())
+        place = "all_reduce" if doc["rank"] != 1 else "main"
+        model = next(t for s in doc["samples"] for t in s["threads"]
+                     if t["main"] and t["frames"][-1]["function"] == place)
+        for s in doc["samples"]:
+            main = next(t for t in s["threads"] if t["main"])
+            main["frames"] = model["frames"]
+            if not keep_counters:
+                main.pop("progress", None)
+        (tmp_path / f.name).write_text(json.dumps(doc))
+    return tmp_path
+
+
+def test_waiting_ranks_whose_threads_keep_waking_are_not_hung(tmp_path: Path) -> None:
+    found = _findings([_same_line_every_sample(tmp_path, keep_counters=True)])
+    assert [(f["rule"], f["severity"], f["ranks"]) for f in found] == [("job-hang", "warning", [1])]
+    assert "woke up" in " ".join(found[0]["evidence"])
+
+
+def test_without_the_counters_the_same_samples_read_as_a_hang(tmp_path: Path) -> None:
+    # what the rule said before the counters (and says for samples taken without them)
+    found = _findings([_same_line_every_sample(tmp_path, keep_counters=False)])
+    assert [(f["rule"], f["severity"], f["ranks"]) for f in found] == [("job-hang", "critical", [1])]
+
+
+def test_hung_ranks_recorded_with_the_counters_never_woke_up() -> None:
+    for f in (FIXTURES / "stuck" / "stacks").glob("*.json"):
+        doc = json.loads(f.read_text())
+        counts = {next(t for t in s["threads"] if t["main"])["progress"]["switches"]
+                  for s in doc["samples"]}
+        assert len(counts) == 1, (f.name, counts)
+
+
 def test_moving_odd_rank_with_traces_is_the_stragglers_not_a_hang(tmp_path: Path) -> None:
     # GIVEN the moving odd rank 3 above, and per-rank traces of the same job in which rank 3
     # computes 3x longer while the others wait (what diagnose --all-ranks collects)

@@ -23,7 +23,7 @@ def _last_samples(mode: str) -> dict[int, dict[str, Any]]:
 def test_a_rank_in_all_reduce_is_placed_at_the_users_line() -> None:
     p = rank_position(_last_samples("stuck")[0])
     assert (p.kind, p.op, p.function) == ("collective", "all_reduce", "train_step")
-    assert p.where.startswith("ranks_workload.py:")
+    assert p.where.startswith("distributed_job.py:")
 
 
 def test_a_rank_outside_collectives_is_placed_where_it_is() -> None:

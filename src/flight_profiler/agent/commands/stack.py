@@ -45,9 +45,33 @@ def _under_bootstrap(frame: Any) -> Any:
     return wrapper.f_back if wrapper is not None else None
 
 
+def _progress(native_id: int | None) -> dict[str, int] | None:
+    """The thread's kernel counters (Linux): how often it blocked and woke up, and its CPU
+    ticks. Two samples with the same stack tell "stuck" (no change) from "a loop that keeps
+    passing the same line" (a sleep or a collective per step: hundreds of wake-ups a second).
+    Opt-in: each read releases the GIL, which costs a busy target a switch interval."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/status", "rb") as fh:
+            status = fh.read(4096)
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as fh:
+            stat = fh.read(1024)
+        switches = 0
+        for line in status.splitlines():
+            if line.startswith((b"voluntary_ctxt_switches:", b"nonvoluntary_ctxt_switches:")):
+                switches += int(line.split()[1])
+        # fields after the command name, which may hold spaces: utime and stime are 14 and 15
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return {"switches": switches, "cpu_ticks": int(fields[11]) + int(fields[12])}
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def handle(ctx: Context) -> dict[str, Any]:
     show_agent = bool(ctx.arg("all", False))
     limit = int(ctx.arg("limit", _MAX_FRAMES))
+    with_progress = bool(ctx.arg("progress", False))
     names = {t.ident: t for t in threading.enumerate()}
     main_ident = threading.main_thread().ident
     me = threading.get_ident()
@@ -75,6 +99,8 @@ def handle(ctx: Context) -> dict[str, Any]:
                 "agent": is_agent,
                 "frames": _frames(frame, limit),
             })
+            if with_progress:
+                threads[-1]["progress"] = _progress(getattr(thread, "native_id", None))
     finally:
         del frames  # frames keep the target's locals alive
     threads.sort(key=lambda t: (not t["main"], t["agent"], t["name"]))

@@ -17,6 +17,9 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 class JobThresholds:
     # job-hang: stack samples needed before a rank counts as stuck (same stack every time).
     hang_min_samples: int = 2
+    # ... and a waiting rank's thread woke up fewer times than this between its first and last
+    # sample (1 s apart): measured 0 on a hung gloo rank, ~280 a second on a moving one.
+    hang_moving_wakeups: int = 20
     # job-straggler: a rank's compute share of its window against the median of the others'.
     straggler_ratio: float = 1.5
     # ... and from this ratio on, without the others' longer wait (gloo spans include transfers)

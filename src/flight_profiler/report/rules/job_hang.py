@@ -3,8 +3,10 @@
 From per-rank stack samples (``flight_profiler.rank_stacks`` files): a rank *waits* when its
 busiest thread is inside a torch.distributed collective in every sample. When some ranks wait
 and the others are elsewhere (Python code, data loading), the others are the odd ones: critical
-(a hang) when every stack stayed the same across the samples, a warning (they are behind)
-when the odd ranks still move. When every rank waits but not in the same collective call,
+(a hang) when every stack stayed the same across the samples and the waiting ranks' threads
+never woke up meanwhile (kernel context-switch counters, when the samples carry them: a
+collective that completes step after step wakes its thread hundreds of times a second), a
+warning (they are behind) when the ranks still move. When every rank waits but not in the same collective call,
 the job is desynchronised (a rank skipped or added a collective). Flight Recorder data, when
 the job has it, says which rank is behind by collective sequence number.
 """
@@ -37,10 +39,18 @@ class _Rank:
         samples: list[dict[str, Any]] = inp.data.get("samples", [])
         self.positions: list[Position] = [rank_position(s) for s in samples]
         keys = []
+        threads = []
         for s in samples:
             t = primary_thread(s)
+            threads.append(t)
             keys.append(stack_key(t.get("frames", [])) if t else ())
-        self.still = len(samples) >= JT.hang_min_samples and len(set(keys)) == 1
+        self.same_stack = len(samples) >= JT.hang_min_samples and len(set(keys)) == 1
+        self.wakeups = _wakeups(threads)
+        # Still: the same stack, and (when the agent read the thread's counters) the thread did
+        # not keep blocking and waking up meanwhile. A collective that completes step after
+        # step shows hundreds of wake-ups a second on the same line; a hung one shows none.
+        self.still = self.same_stack and (self.wakeups is None
+                                          or self.wakeups < JT.hang_moving_wakeups)
         self.samples = len(samples)
         times = [float(s["time"]) for s in samples if isinstance(s.get("time"), (int, float))]
         self.seconds = (max(times) - min(times)) if len(times) >= 2 else 0.0
@@ -56,6 +66,21 @@ class _Rank:
     @property
     def last(self) -> Position:
         return self.positions[-1] if self.positions else Position("idle", None, "-", "-")
+
+
+def _wakeups(threads: list[dict[str, Any] | None]) -> int | None:
+    """How many times the sampled thread blocked and woke up between the first and the last
+    sample (``stack`` with ``progress``), or None without the counters or if the thread changed."""
+    first, last = threads[0] if threads else None, threads[-1] if threads else None
+    if not first or not last or first.get("ident") != last.get("ident"):
+        return None
+    a, b = first.get("progress"), last.get("progress")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    x, y = a.get("switches"), b.get("switches")
+    if not isinstance(x, int) or not isinstance(y, int) or isinstance(x, bool) or y < x:
+        return None
+    return y - x
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -146,6 +171,9 @@ def check(ctx: Context) -> list[Finding]:
     span = max(x.seconds for x in ranks.values())
     n_samples = min(x.samples for x in ranks.values())
     common = [f"{n_samples} stack sample(s) per rank over {span:.1f} s", *fr_evidence]
+    common += [f"rank {x.rank}: the same stack in every sample, but its thread blocked and woke "
+               f"up {x.wakeups} times meanwhile: its collectives complete (moving, not hung)"
+               for x in waiting if x.same_stack and not x.still][:8]
     if absent:
         common.append(f"no data for {_ranks(absent)} (dead, or on another node: "
                       "run --all-ranks there too)")
@@ -153,7 +181,10 @@ def check(ctx: Context) -> list[Finding]:
         odd = [x for x in others if x.never_in_collective] or others
         wait_groups = _groups(waiting)
         (op, where), wait_ranks = wait_groups[0]
-        stuck = all(x.still for x in waiting) and all(x.still for x in odd)
+        # The odd ranks' own wake-ups do not count: a rank polling in a sleep loop for something
+        # that never comes is as hung as one blocked, as long as the others' collectives never
+        # complete.
+        stuck = all(x.still for x in waiting) and all(x.same_stack for x in odd)
         if not stuck and not all(x.never_in_collective for x in odd):
             return []
         odd_ranks = sorted(x.rank for x in odd)
