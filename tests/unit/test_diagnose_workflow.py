@@ -20,6 +20,7 @@ from flight_profiler.diagnose.driver import PhaseTimeout
 from flight_profiler.diagnose.model import DiagnoseOptions, MethodTarget
 from flight_profiler.diagnose.workflow import run_diagnosis
 from flight_profiler.errors import RemoteCommandError, TorchMissing
+from flight_profiler.requests import AgentRequest, parse
 from support import TRACES
 
 Handler = Callable[[list[str], Any], dict[str, Any]]
@@ -39,7 +40,7 @@ def census(path: str, losses: int) -> None:
 
 
 class FakeDriver:
-    """Answers command lines; `overrides` maps a command prefix to a handler."""
+    """Answers requests by their command lines; `overrides` maps a command prefix to a handler."""
 
     def __init__(self, cuda: bool = False, torch_imported: bool = True,
                  overrides: dict[str, Handler] | None = None) -> None:
@@ -51,7 +52,10 @@ class FakeDriver:
         self.overrides = overrides or {}
         self.zero_grad = True  # the fake model's optimizer calls zero_grad() every step
 
-    def run(self, line: str, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
+    def run(self, request: AgentRequest, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
+        # what a user re-running the phase by hand types gives back the same request
+        assert parse(request.line) == request
+        line = request.line
         self.lines.append(line)
         self.timeouts.append(timeout)
         words = shlex.split(line)

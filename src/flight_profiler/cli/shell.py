@@ -37,8 +37,8 @@ def _save_history(readline: object | None) -> None:
 
 def handle_line(session: Session, line: str, as_json: bool) -> bool:
     """Run one shell line. Returns False when the shell should end."""
-    from flight_profiler.cli.agent_commands import HelpShown, help_text, parse
-    from flight_profiler.cli.attach_cmd import execute
+    from flight_profiler.cli.runner import execute
+    from flight_profiler.requests import HelpShown, help_text, parse
 
     words = line.strip().split(None, 1)
     if not words:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from flight_profiler.errors import FlightProfilerError
+from flight_profiler.requests import torch as torch_requests
 
 if TYPE_CHECKING:
     from flight_profiler.diagnose.model import PhaseResult
@@ -35,11 +35,11 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
     try:
         if method:
             assert o.target is not None
-            line = f"torch grads {o.target.words} -n {calls} -f {path} --timeout {o.timeout:g}"
-            result = run.command(phase, line, expect_calls=calls)
+            request = torch_requests.grads(run.words(), calls=calls, file=path, timeout=o.timeout)
+            result = run.command(phase, request, expect_calls=calls)
         else:
-            result = run.command(phase, f"torch grads -n {GRAD_CALLS_MIN} -i 1 -f {path}",
-                                 timeout=GRAD_CALLS_MIN + o.timeout)
+            request = torch_requests.grads(calls=GRAD_CALLS_MIN, interval=1.0, file=path)
+            result = run.command(phase, request, timeout=GRAD_CALLS_MIN + o.timeout)
     except FlightProfilerError as exc:
         if "no model with trainable parameters" in exc.message:
             raise Skip("no model with trainable parameters in the target") from None
@@ -50,7 +50,7 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
         _anomaly(run, phase)
         first = (phase.data.get("anomaly") or {}).get("first")
         if first:
-            _attach_anomaly(shlex.split(path)[0], first)
+            _attach_anomaly(path, first)
 
 
 def _model_line(result: dict[str, Any], index: int) -> dict[str, Any]:
@@ -78,15 +78,15 @@ def _attach_anomaly(path: str, first: dict[str, Any]) -> None:
 def _anomaly(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
-    line = f"torch anomaly {o.target.words} -n 1 --timeout {o.timeout:g}"
+    request = torch_requests.anomaly(run.words(), calls=1, timeout=o.timeout)
     grads_command = phase.command
     try:
-        result = run.command(phase, line, expect_calls=1)
+        result = run.command(phase, request, expect_calls=1)
     except FlightProfilerError as exc:
         phase.data["anomaly"] = {"error": exc.message}
         return
     finally:
         # Both lines are what a user would re-run; the phase shows them together.
-        phase.command = f"{grads_command}; {line}" if grads_command else line
+        phase.command = f"{grads_command}; {request.line}" if grads_command else request.line
     phase.data["anomaly"] = {"first": result.get("first"), "restored": result.get("anomaly_after")
                              == result.get("anomaly_before")}
