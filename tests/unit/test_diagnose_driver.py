@@ -9,12 +9,12 @@ import time
 from typing import Any
 
 import pytest
+from test_server import REMOVED, _client, _hooks, agent  # noqa: F401  (the fixture)
 
 from flight_profiler.api import Session
 from flight_profiler.diagnose import driver as driver_mod
 from flight_profiler.diagnose.driver import PhaseTimeout, SessionDriver
 from flight_profiler.requests import AgentRequest
-from test_server import REMOVED, _client, _hooks, agent  # noqa: F401  (the fixture)
 
 
 def _session(path: str) -> Session:
@@ -31,7 +31,7 @@ def test_result_before_the_deadline_is_returned_with_events(agent: str) -> None:
 
 def test_deadline_cancels_and_keeps_the_partial_result(agent: str) -> None:  # noqa: F811
     started = time.monotonic()
-    with pytest.raises(PhaseTimeout, match="cancelled after 0.3s") as exc:
+    with pytest.raises(PhaseTimeout, match=r"cancelled after 0\.3s") as exc:
         SessionDriver(_session(agent)).run(AgentRequest("t_stream"), None, timeout=0.3)
     assert time.monotonic() - started < 10  # generous: a loaded machine
     assert exc.value.partial is not None and exc.value.partial["cancelled"] is True

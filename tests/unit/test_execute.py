@@ -7,12 +7,12 @@ import os
 from typing import Any
 
 import pytest
+from test_server import REMOVED, _client, _hooks, agent  # noqa: F401  (the fixture)
 
 from flight_profiler.api import Session
 from flight_profiler.client import Interrupted, RequestTimeout
 from flight_profiler.errors import RemoteCommandError
 from flight_profiler.requests import AgentRequest, basic
-from test_server import REMOVED, _client, _hooks, agent  # noqa: F401  (the fixture)
 
 
 def _session(path: str) -> Session:
