@@ -1,6 +1,7 @@
 """Public Python API; the CLI is built on it.
 
 ```python
+from flight_profiler import requests
 from flight_profiler.api import connect
 with connect(pid, timeout=10.0) as session:      # attaches (injects if no agent answers)
     info = session.request("status")              # structured: handler name + args
