@@ -20,7 +20,6 @@ injects only when none does. Leaving the ``with`` block closes the connection; t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -126,9 +125,7 @@ class Session:
                     return
         finally:
             if not finished:
-                client.cancel(req_id)
-                with contextlib.suppress(FlightProfilerError):
-                    self.last_result = client.drain(req_id)
+                self.last_result, _ = client.cancel_and_drain(req_id)
 
     def detach(self) -> dict[str, Any]:
         """Remove every hook, stop the agent and close the connection."""

@@ -56,7 +56,7 @@ class RequestTimeout(FlightProfilerError):
     """The request was cancelled at its deadline; ``partial`` is what the agent sent back then
     (None if it did not answer; ``dropped``: the connection was closed to make it stop)."""
 
-    kind = "timeout"
+    kind = "request_timeout"
 
     def __init__(self, message: str, partial: dict[str, Any] | None = None, events: int = 0,
                  dropped: bool = False) -> None:
@@ -184,15 +184,7 @@ class AgentClient:
         except KeyboardInterrupt:
             for timer in timers:
                 timer.cancel()
-            self.cancel(req_id)
-            if on_cancel is not None:
-                on_cancel()
-            final, error = None, None
-            try:
-                final = self._read_until_done(req_id, None, grace)
-            except FlightProfilerError as exc:
-                error = exc
-            raise Interrupted(final, error) from None
+            raise Interrupted(*self.cancel_and_drain(req_id, grace, on_cancel)) from None
         except FlightProfilerError as exc:
             if fired.is_set():
                 dropped = isinstance(exc, AgentLost)
@@ -239,6 +231,20 @@ class AgentClient:
     def drain(self, req_id: int, timeout: float = CANCEL_GRACE) -> dict[str, Any]:
         """After a cancel: skip events until the final result."""
         return self._read_until_done(req_id, None, timeout)
+
+    def cancel_and_drain(self, req_id: int, grace: float = CANCEL_GRACE,
+                         on_cancel: Callable[[], None] | None = None,
+                         ) -> tuple[dict[str, Any] | None, FlightProfilerError | None]:
+        """Stop a request early: the agent removes its hooks and sends what it has. Returns
+        (final result, None), or (None, what prevented it) if no result came within ``grace``.
+        A second Ctrl-C while waiting propagates: the user insists on leaving."""
+        self.cancel(req_id)
+        if on_cancel is not None:
+            on_cancel()
+        try:
+            return self._read_until_done(req_id, None, grace), None
+        except FlightProfilerError as exc:
+            return None, exc
 
     def cancel(self, req_id: int) -> None:
         with contextlib.suppress(AgentLost):
