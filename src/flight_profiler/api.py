@@ -44,7 +44,7 @@ from flight_profiler.errors import (
     AttachTimeout,
     FlightProfilerError,
 )
-from flight_profiler.requests import AgentRequest, parse
+from flight_profiler.requests import AgentRequest
 
 if TYPE_CHECKING:
     from flight_profiler.attach.inject import Injection
@@ -103,6 +103,8 @@ class Session:
 
     def run(self, command_line: str, on_event: EventHandler | None = None) -> dict[str, Any]:
         """Parse ``command_line`` exactly as the CLI does (e.g. ``"stack --all"``) and run it."""
+        from flight_profiler.requests import parse
+
         return self.execute(parse(command_line), on_event)
 
     def stream(self, cmd: str, args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
