@@ -80,3 +80,15 @@ def test_builders_check_what_the_cli_checks_before_anything_is_sent(tmp_path: Pa
     with pytest.raises(UsageError, match="expected `module"):
         hooks.trace(["just_one_word"])
     assert t.tensors(file="rel.json").args["path"] == os.path.abspath("rel.json")
+
+
+def test_every_command_has_its_own_renderers(tmp_path: Path) -> None:
+    from flight_profiler.cli.agent_commands import rendering
+    from flight_profiler.cli.agent_commands.base import render_json
+
+    (tmp_path / "out dir").mkdir()
+    for request in _built(tmp_path):
+        shown = rendering(request.cmd)
+        assert shown.result is not render_json, request.cmd  # JSON is the fallback only
+    assert rendering("watch").event is not None and rendering("torch profile").event is not None
+    assert rendering("no such handler").result is render_json

@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import importlib
 
-from flight_profiler.cli.agent_commands.base import Rendering
+from flight_profiler.cli.agent_commands.base import Renderer, Rendering
 
-# handler name -> (module of this package, result renderer, event renderer or None)
-RENDERERS: dict[str, tuple[str, str, str | None]] = {
-    "status": ("basic", "render_status", None),
-    "stack": ("basic", "render_stack", None),
-    "detach": ("basic", "render_detach", None),
-    "torch memory": ("torch", "render_memory", "render_progress"),
-    "torch tensors": ("torch", "render_tensors", "render_progress"),
-    "torch profile": ("torch", "render_profile", "render_progress"),
-    "torch dataloader": ("torch", "render_dataloader", None),
-    "torch fr": ("distributed", "render_fr", None),
-    "torch grads": ("torch_health", "render_grads", "render_progress"),
-    "torch anomaly": ("torch_health", "render_anomaly", "render_progress"),
+_PROGRESS = "torch:render_progress"
+# handler name -> ("module:function" of the result renderer, of the event renderer or None)
+RENDERERS: dict[str, tuple[str, str | None]] = {
+    "status": ("basic:render_status", None),
+    "stack": ("basic:render_stack", None),
+    "detach": ("basic:render_detach", None),
+    "torch memory": ("torch:render_memory", _PROGRESS),
+    "torch tensors": ("torch:render_tensors", _PROGRESS),
+    "torch profile": ("torch:render_profile", _PROGRESS),
+    "torch dataloader": ("torch:render_dataloader", None),
+    "torch fr": ("distributed:render_fr", None),
+    "torch grads": ("torch_health:render_grads", _PROGRESS),
+    "torch anomaly": ("torch_health:render_anomaly", _PROGRESS),
 }
 # Streams whose renderers share state (a spinner between events): made afresh per request.
 _STATEFUL = {"watch": "watch", "trace": "trace"}
@@ -37,6 +38,11 @@ def rendering(cmd: str) -> Rendering:
         return Rendering(render_result, render_event)
     if cmd not in RENDERERS:
         return Rendering()
-    module_name, result, event = RENDERERS[cmd]
-    module = importlib.import_module(f"{__name__}.{module_name}")
-    return Rendering(getattr(module, result), getattr(module, event) if event else None)
+    result, event = RENDERERS[cmd]
+    return Rendering(_load(result), _load(event) if event else None)
+
+
+def _load(where: str) -> Renderer:
+    module_name, attr = where.split(":")
+    renderer: Renderer = getattr(importlib.import_module(f"{__name__}.{module_name}"), attr)
+    return renderer

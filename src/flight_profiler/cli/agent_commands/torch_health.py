@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flight_profiler.cli.agent_commands.torch import _file_line, render_progress  # noqa: F401  (looked up by name)
+from flight_profiler.cli.agent_commands.torch import _file_line
 
 if TYPE_CHECKING:
     from rich.console import Console
