@@ -7,6 +7,9 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.cli.agent_commands import rendering
+from flight_profiler.client import Interrupted
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -36,9 +39,6 @@ def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
     Ctrl-C during a stream sends ``cancel``: the agent removes the request's hooks and sends its
     final result, which is still rendered.
     """
-    from flight_profiler.cli.agent_commands import rendering
-    from flight_profiler.client import Interrupted
-
     shown = rendering(req.cmd)
     if as_json:
         def on_event(data: dict[str, Any]) -> None:

@@ -14,19 +14,17 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.diagnose.run import Run, Skip, expect_file
 from flight_profiler.errors import FlightProfilerError
 from flight_profiler.requests import torch as torch_requests
 
 if TYPE_CHECKING:
     from flight_profiler.diagnose.model import PhaseResult
-    from flight_profiler.diagnose.workflow import Run
 
 GRAD_CALLS_MIN = 3
 
 
 def phase_grads(run: Run, phase: PhaseResult) -> None:
-    from flight_profiler.diagnose.workflow import Skip, _expect_file
-
     run.require_torch()
     o = run.options
     path = run.path("grads.json")
@@ -44,7 +42,7 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
         if "no model with trainable parameters" in exc.message:
             raise Skip("no model with trainable parameters in the target") from None
         raise
-    _expect_file(phase, path)
+    expect_file(phase, path)
     phase.data["models"] = [_model_line(result, i) for i in range(len(result.get("models") or []))][:5]
     if method and _nonfinite(result):
         _anomaly(run, phase)

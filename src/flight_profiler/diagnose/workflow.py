@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from flight_profiler.diagnose import stats
@@ -32,101 +31,16 @@ from flight_profiler.diagnose.model import (
     PhaseResult,
 )
 from flight_profiler.diagnose.progress import NullProgress, Progress
+from flight_profiler.diagnose.run import Run, Skip, TargetUnusable, expect_file
+from flight_profiler.diagnose.training import phase_grads
 from flight_profiler.errors import FlightProfilerError, TorchMissing
-from flight_profiler.requests import AgentRequest, basic, hooks
+from flight_profiler.requests import basic, hooks
 from flight_profiler.requests import torch as torch_requests
 
 # Levels of the call tree the agent keeps (wrapper chains such as Module.__call__ ->
 # _call_impl -> forward eat several), and rows shown in the report once chains are collapsed.
 TRACE_DEPTH = 8
 WHERE_LEVELS = 3
-# The driver cancels a command this long after the limit the command itself was given.
-BACKSTOP_S = 15.0
-
-
-def calls_seen(event: dict[str, Any], seen: int) -> int:
-    """Calls observed so far, from a streamed event (watch/trace: one per call; torch commands:
-    progress events carrying ``calls_done``)."""
-    done = event.get("calls_done")
-    if isinstance(done, int) and not isinstance(done, bool):
-        return done
-    if event.get("type") in ("call", "trace"):
-        return seen + 1
-    return seen
-
-
-class Skip(Exception):
-    """The phase cannot run here; the message says why (shown as the reason)."""
-
-
-class TargetUnusable(Exception):
-    """The method cannot be hooked at all (typo, not found): the diagnosis stops here."""
-
-    def __init__(self, error: FlightProfilerError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-@dataclass
-class Run:
-    """What the phases share: the driver, options, progress and what earlier phases learnt."""
-
-    driver: Driver
-    options: DiagnoseOptions
-    progress: Progress
-    torch_imported: bool | None = None
-    cuda: bool | None = None
-    method_called: bool | None = None  # None: no method given or not checked yet
-    census_before_at: float = 0.0
-    watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
-
-    def path(self, name: str) -> str:
-        """An artefact's path (the request's line quotes it if it needs quoting)."""
-        return os.path.join(self.options.out_dir, name)
-
-    def words(self) -> list[str]:
-        """The method as the commands take it: ``module [class] method``."""
-        assert self.options.target is not None
-        return self.options.target.words.split()
-
-    def command(self, phase: PhaseResult, request: AgentRequest, timeout: float | None = None,
-                expect_calls: int | None = None) -> dict[str, Any]:
-        """Run ``request`` for ``phase``, showing what it waits for.
-
-        Commands that wait for calls get ``--timeout`` themselves (the agent then stops cleanly
-        and says how many calls it saw); the driver's own deadline is only a backstop for an
-        agent that does not answer at all.
-        """
-        phase.command = request.line
-        target = self.options.target
-        seen = [0]
-        if expect_calls and target is not None:
-            self.progress.waiting(f"waiting for {target.label} to be called: 0 of {expect_calls} calls")
-
-        def on_event(data: dict[str, Any]) -> None:
-            seen[0] = calls_seen(data, seen[0])
-            phase.data.setdefault("events", []).append(data)
-            if expect_calls and target is not None:
-                if seen[0] >= expect_calls:
-                    self.progress.waiting(f"{expect_calls} of {expect_calls} calls seen; the "
-                                          "agent is finishing (writing its files)")
-                else:
-                    self.progress.waiting(f"waiting for {target.label} to be called: "
-                                          f"{seen[0]} of {expect_calls} calls")
-
-        limit = self.options.timeout if timeout is None else timeout
-        return self.driver.run(request, on_event, limit + BACKSTOP_S)
-
-    def require_torch(self) -> None:
-        if self.torch_imported is False:
-            raise Skip("the target has not imported torch")
-
-    def require_method(self) -> None:
-        if self.options.target is None:
-            raise Skip("no method given (pass `module [class] method` to observe its calls)")
-        if self.method_called is False:
-            raise Skip(f"{self.options.target.label} was not called within "
-                       f"{self.options.timeout:g}s")
 
 
 # -- phases -----------------------------------------------------------------------------------
@@ -175,7 +89,7 @@ def _snapshot(run: Run, phase: PhaseResult, name: str) -> None:
     run.require_torch()
     path = run.path(name)
     run.command(phase, torch_requests.memory(snapshot=True, file=path))
-    _expect_file(phase, path)
+    expect_file(phase, path)
 
 
 def phase_snapshot_before(run: Run, phase: PhaseResult) -> None:
@@ -191,7 +105,7 @@ def phase_census_before(run: Run, phase: PhaseResult) -> None:
     path = run.path("census-before.json")
     result = run.command(phase, torch_requests.tensors(file=path))
     run.census_before_at = time.monotonic()
-    _expect_file(phase, path)
+    expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
 
 
@@ -217,7 +131,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         run.command(phase, request, timeout=o.duration + o.timeout)
         why = "no method given" if o.target is None else f"{o.target.label} was not called"
         phase.data["mode"] = f"{o.duration:g}s window ({why})"
-    _expect_file(phase, path)
+    expect_file(phase, path)
 
 
 def phase_record(run: Run, phase: PhaseResult) -> None:
@@ -231,7 +145,7 @@ def phase_record(run: Run, phase: PhaseResult) -> None:
                                     timeout=o.timeout)
     result = run.command(phase, request, expect_calls=o.calls)
     _note_partial(phase, result, o.calls)
-    _expect_file(phase, path)
+    expect_file(phase, path)
 
 
 def phase_watch(run: Run, phase: PhaseResult) -> None:
@@ -331,21 +245,13 @@ def phase_census_after(run: Run, phase: PhaseResult) -> None:
     before = run.path("census-before.json")
     request = torch_requests.tensors(file=path, diff=before if os.path.exists(before) else None)
     result = run.command(phase, request)
-    _expect_file(phase, path)
+    expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
     if run.census_before_at:
         phase.data["seconds_since_before"] = round(time.monotonic() - run.census_before_at, 2)
 
 
-def _expect_file(phase: PhaseResult, path: str) -> None:
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        raise FlightProfilerError(f"the agent reported success but {path} is missing or empty")
-    phase.files.append(path)
-
-
 PhaseFn = Callable[[Run, PhaseResult], None]
-
-from flight_profiler.diagnose.training import phase_grads  # noqa: E402  (it imports this module lazily)
 
 PHASES: list[tuple[str, str, PhaseFn]] = [
     ("status", "Check the target (torch, CUDA)", phase_status),

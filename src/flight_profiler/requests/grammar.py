@@ -11,6 +11,7 @@ import shlex
 
 import click
 
+from flight_profiler.agent.limits import MAX_REQUEST_BYTES
 from flight_profiler.errors import UsageError
 from flight_profiler.requests.base import AgentRequest
 
@@ -96,8 +97,6 @@ def help_text(topic: str | None = None) -> str:
 
 def parse(command_line: str) -> AgentRequest:
     """Parse ``"watch __main__ train_step -n 3"`` into the request to send to the agent."""
-    from flight_profiler.agent.limits import MAX_REQUEST_BYTES
-
     if len(command_line) > MAX_REQUEST_BYTES // 4:
         # before shlex, whose cost grows with the text: the agent would refuse it anyway
         raise UsageError(f"command of {len(command_line)} characters (limit "
