@@ -99,7 +99,8 @@ class Session:
     def request(self, cmd: str, args: dict[str, Any] | None = None,
                 on_event: EventHandler | None = None) -> dict[str, Any]:
         """Run the agent handler ``cmd`` with JSON ``args``; returns its result data."""
-        return self.execute(AgentRequest(cmd, dict(args or {}), cmd), on_event)
+        # no command line: raw args need not be expressible in the grammar
+        return self.execute(AgentRequest(cmd, dict(args or {})), on_event)
 
     def run(self, command_line: str, on_event: EventHandler | None = None) -> dict[str, Any]:
         """Parse ``command_line`` exactly as the CLI does (e.g. ``"stack --all"``) and run it."""
