@@ -108,9 +108,13 @@ class Session:
 
         return self.execute(parse(command_line), on_event)
 
-    def stream(self, cmd: str, args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
-        """Yield the events of a streaming command. Leaving the loop early cancels the request
-        (the agent removes its hooks); the final result is then in ``self.last_result``."""
+    def stream(self, cmd: str | AgentRequest,
+               args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Yield the events of a streaming command (a handler name and its args, or a built
+        request). Leaving the loop early cancels the request (the agent removes its hooks); the
+        final result is then in ``self.last_result``."""
+        if isinstance(cmd, AgentRequest):
+            return self._stream(cmd.cmd, cmd.args)
         return self._stream(cmd, args)
 
     def _stream(self, cmd: str, args: dict[str, Any] | None) -> Generator[dict[str, Any], None, None]:

@@ -68,3 +68,15 @@ def test_remote_errors_raise_and_detach_closes_the_session(agent: str) -> None: 
     assert session.run("stack --limit 3")["threads"]  # the API parses command lines the same way
     session.execute(basic.detach())
     assert session.client is None
+
+
+def test_stream_takes_a_built_request_and_leaving_early_cancels(agent: str) -> None:  # noqa: F811
+    session = _session(agent)
+    ticks = []
+    for event in session.stream(AgentRequest("t_stream", {"limit": 1000})):
+        ticks.append(event["tick"])
+        if len(ticks) == 2:
+            break
+    assert ticks == [1, 2]
+    assert session.last_result is not None and session.last_result["cancelled"] is True
+    assert REMOVED == ["hook"]
