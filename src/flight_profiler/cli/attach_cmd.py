@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
-from flight_profiler.cli.params import FiniteFloatRange
-from flight_profiler.errors import ExitCode
-
-if TYPE_CHECKING:
-    pass
-
 from flight_profiler.attach.inject import METHODS
+from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.cli.runner import console, execute, print_json
+from flight_profiler.errors import ExitCode
 
 
 @click.command(name="attach")
