@@ -54,7 +54,7 @@ class SessionDriver:
         self.connect_timeout = connect_timeout
         # Whether this diagnosis put the agent there (then it removes it at the end), even if
         # a dropped connection made it reconnect since.
-        self.injected = bool(getattr(session, "injected", False))
+        self.injected = session.injected
 
     def run(self, request: AgentRequest, on_event: EventHandler | None = None,
             timeout: float | None = None) -> dict[str, Any]:
