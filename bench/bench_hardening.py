@@ -56,8 +56,8 @@ def _median(fn: Callable[[], object], runs: int) -> float:
 
 
 def bench_bounds(runs: int) -> None:
-    from flight_profiler.cli.agent_commands.watch import check_expression
     from flight_profiler.errors import UsageError
+    from flight_profiler.requests.hooks import check_expression
 
     text = "[" + "1," * 500_000 + "]"  # flat: compiles (a deep one hits RecursionError)
 

@@ -1,11 +1,14 @@
 """Public Python API; the CLI is built on it.
 
 ```python
+from flight_profiler import requests
 from flight_profiler.api import connect
 with connect(pid, timeout=10.0) as session:      # attaches (injects if no agent answers)
     info = session.request("status")              # structured: handler name + args
     stacks = session.run("stack")                 # a command line, parsed as the CLI does
-    for event in session.stream("watch", {...}):  # streaming commands
+    req = requests.hooks.watch(["__main__", "train_step"], count=3)   # a typed builder
+    result = session.execute(req, on_event=print, timeout=60)  # cancelled at the deadline
+    for event in session.stream("watch", {...}):  # streaming commands, as a generator
         ...
     session.detach()
 ```
@@ -17,25 +20,37 @@ injects only when none does. Leaving the ``with`` block closes the connection; t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
 from collections.abc import Generator, Iterator
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from flight_profiler.agent import protocol
 from flight_profiler.attach import cleanup
 from flight_profiler.attach.agent_dir import AgentDir
-from flight_profiler.client import AgentBusy, AgentClient, EventHandler, NoAgent
+from flight_profiler.client import (
+    CANCEL_GRACE,
+    AgentBusy,
+    AgentClient,
+    EventHandler,
+    NoAgent,
+    RequestInterrupted,
+    RequestTimeout,
+)
 from flight_profiler.errors import (
     AgentLost,
     AttachFailed,
     AttachTimeout,
     FlightProfilerError,
 )
+from flight_profiler.requests import AgentRequest
 
-__all__ = ["NotAttached", "Session", "connect"]
+if TYPE_CHECKING:
+    from flight_profiler.attach.inject import Injection
+    from flight_profiler.attach.process import TargetInfo
+
+__all__ = ["AgentRequest", "NotAttached", "RequestInterrupted", "RequestTimeout", "Session", "connect"]
 
 _POLL = 0.01  # seconds between connection attempts while the agent starts
 
@@ -58,28 +73,48 @@ class Session:
             raise AgentLost("this session is closed", "connect again")
         return self.client
 
-    def request(self, cmd: str, args: dict[str, Any] | None = None,
-                on_event: EventHandler | None = None) -> dict[str, Any]:
-        """Run the agent handler ``cmd`` with JSON ``args``; returns its result data."""
+    def execute(self, request: AgentRequest, on_event: EventHandler | None = None,
+                timeout: float | None = None, on_cancel: Callable[[], None] | None = None,
+                grace: float = CANCEL_GRACE) -> dict[str, Any]:
+        """Run ``request`` (from a builder of :mod:`flight_profiler.requests`, or ``parse``) and
+        return its result data, calling ``on_event`` per streamed event.
+
+        At ``timeout`` seconds the request is cancelled (the agent removes its hooks) and
+        :class:`RequestTimeout` carries the partial result; Ctrl-C cancels it the same way and
+        raises :class:`RequestInterrupted` (a KeyboardInterrupt) with the final result. A lost
+        connection, or a detach, closes the session.
+        """
+        client = self._client()
         try:
-            result = self._client().request(cmd, args, on_event)
-        except AgentLost:
-            self.close()
+            result = client.execute(request.cmd, request.args, on_event, timeout, on_cancel, grace)
+        except (FlightProfilerError, RequestInterrupted) as exc:
+            if request.cmd == "detach" or isinstance(exc, AgentLost) or (
+                    isinstance(exc, RequestTimeout) and exc.dropped):
+                self.close()
             raise
-        if cmd == "detach":
+        if request.cmd == "detach":
             self.close()
         return result
 
+    def request(self, cmd: str, args: dict[str, Any] | None = None,
+                on_event: EventHandler | None = None) -> dict[str, Any]:
+        """Run the agent handler ``cmd`` with JSON ``args``; returns its result data."""
+        # no command line: raw args need not be expressible in the grammar
+        return self.execute(AgentRequest(cmd, dict(args or {})), on_event)
+
     def run(self, command_line: str, on_event: EventHandler | None = None) -> dict[str, Any]:
         """Parse ``command_line`` exactly as the CLI does (e.g. ``"stack --all"``) and run it."""
-        from flight_profiler.cli.agent_commands import parse
+        from flight_profiler.requests import parse
 
-        req = parse(command_line)
-        return self.request(req.cmd, req.args, on_event)
+        return self.execute(parse(command_line), on_event)
 
-    def stream(self, cmd: str, args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
-        """Yield the events of a streaming command. Leaving the loop early cancels the request
-        (the agent removes its hooks); the final result is then in ``self.last_result``."""
+    def stream(self, cmd: str | AgentRequest,
+               args: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Yield the events of a streaming command (a handler name and its args, or a built
+        request). Leaving the loop early cancels the request (the agent removes its hooks); the
+        final result is then in ``self.last_result``."""
+        if isinstance(cmd, AgentRequest):
+            return self._stream(cmd.cmd, cmd.args)
         return self._stream(cmd, args)
 
     def _stream(self, cmd: str, args: dict[str, Any] | None) -> Generator[dict[str, Any], None, None]:
@@ -97,9 +132,7 @@ class Session:
                     return
         finally:
             if not finished:
-                client.cancel(req_id)
-                with contextlib.suppress(FlightProfilerError):
-                    self.last_result = client.drain(req_id)
+                self.last_result, _ = client.cancel_and_drain(req_id)
 
     def detach(self) -> dict[str, Any]:
         """Remove every hook, stop the agent and close the connection."""
@@ -183,7 +216,7 @@ class NotAttached(AttachFailed):
 class _Where:
     """The target's files in its private directory, reached through its descriptor."""
 
-    def __init__(self, target: Any, directory: AgentDir) -> None:
+    def __init__(self, target: TargetInfo, directory: AgentDir) -> None:
         self.target = target
         self.directory = directory
         self.sock = protocol.socket_name(target.ns_pid, target.pid_ns)
@@ -206,7 +239,7 @@ class _Where:
         return lines[-1] if lines else None
 
 
-def _inject_and_connect(target: Any, where: _Where, timeout: float, method: str,
+def _inject_and_connect(target: TargetInfo, where: _Where, timeout: float, method: str,
                         say: Callable[[str], None], started: float) -> Session:
     pid = target.pid
     say(f"target: pid {pid}, Python {target.version_str}, uid {target.uid}, exe {target.exe}, "
@@ -222,7 +255,7 @@ def _inject_and_connect(target: Any, where: _Where, timeout: float, method: str,
     return Session(pid, client, True, elapsed, injection.method)
 
 
-def _wait_for_agent(target: Any, where: _Where, deadline: float, injection: Any,
+def _wait_for_agent(target: TargetInfo, where: _Where, deadline: float, injection: Injection,
                     say: Callable[[str], None], log_offset: int) -> AgentClient:
     # A little grace after the deadline: the bootstrap checks the deadline when it starts,
     # so an agent that started just in time still gets found.
@@ -253,10 +286,10 @@ def _wait_for_agent(target: Any, where: _Where, deadline: float, injection: Any,
                         "this attach has given up); retry later or raise --timeout")
 
 
-def _explain_timeout(pid: int, injection: Any) -> str:
+def _explain_timeout(pid: int, injection: Injection) -> str:
     """Say why the agent did not come up, as precisely as the injector's observations allow."""
     base = f"the agent did not come up in process {pid} in time"
-    outcome = getattr(injection, "evidence", None)
+    outcome = injection.evidence
     if outcome is None:
         return f"{base} ({injection.method}: {injection.detail})"
     state = outcome.main_thread_state()

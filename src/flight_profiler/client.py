@@ -8,6 +8,7 @@ import itertools
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -37,6 +38,32 @@ class AgentBusy(Exception):
     """An agent is listening but did not say hello in time (e.g. a thread hogs the GIL).
 
     Injecting again would not help: the caller should wait longer or give up."""
+
+
+class RequestInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a request: it was cancelled (the agent removed its hooks) and drained.
+
+    ``result`` is the agent's final answer (None if none came within the grace), ``error`` what
+    ended the drain instead. A KeyboardInterrupt, so callers that only stop still stop."""
+
+    def __init__(self, result: dict[str, Any] | None, error: FlightProfilerError | None = None) -> None:
+        super().__init__("interrupted")
+        self.result = result
+        self.error = error
+
+
+class RequestTimeout(FlightProfilerError):
+    """The request was cancelled at its deadline; ``partial`` is what the agent sent back then
+    (None if it did not answer; ``dropped``: the connection was closed to make it stop)."""
+
+    kind = "request_timeout"
+
+    def __init__(self, message: str, partial: dict[str, Any] | None = None, events: int = 0,
+                 dropped: bool = False) -> None:
+        super().__init__(message, "give it more time, or check that the method is being called")
+        self.partial = partial
+        self.events = events
+        self.dropped = dropped
 
 
 class AgentClient:
@@ -115,19 +142,62 @@ class AgentClient:
     # -- requests --------------------------------------------------------------------------------
     def request(self, cmd: str, args: dict[str, Any] | None = None,
                 on_event: EventHandler | None = None, timeout: float | None = None) -> dict[str, Any]:
-        """Send one request; call ``on_event`` per streamed event; return the result data.
+        """Send one request; call ``on_event`` per streamed event; return the result data."""
+        return self.execute(cmd, args, on_event, timeout)
 
-        KeyboardInterrupt sends ``cancel``, waits up to CANCEL_GRACE for the final result (the
-        agent has removed the hooks by then) and re-raises.
+    def execute(self, cmd: str, args: dict[str, Any] | None = None,
+                on_event: EventHandler | None = None, timeout: float | None = None,
+                on_cancel: Callable[[], None] | None = None,
+                grace: float = CANCEL_GRACE) -> dict[str, Any]:
+        """Run one request to its end: every way of running one goes through here.
+
+        ``timeout``: at that many seconds a ``cancel`` is sent (the agent removes the request's
+        hooks and answers with what it has: :class:`RequestTimeout` carries it); if no answer
+        comes within ``grace`` more, the connection is closed, which the agent treats as a
+        cancel too. Ctrl-C sends ``cancel``, calls ``on_cancel``, waits up to ``grace`` for the
+        final result and raises :class:`RequestInterrupted` with it.
         """
         req_id = self.start(cmd, args)
-        try:
-            return self._read_until_done(req_id, on_event, timeout)
-        except KeyboardInterrupt:
+        fired = threading.Event()
+        events = 0
+
+        def counted(data: dict[str, Any]) -> None:
+            nonlocal events
+            events += 1
+            if on_event is not None:
+                on_event(data)
+
+        def cancel_at_deadline() -> None:
+            fired.set()
             self.cancel(req_id)
-            with contextlib.suppress(FlightProfilerError, KeyboardInterrupt):
-                self._read_until_done(req_id, None, CANCEL_GRACE)
+
+        timers: list[threading.Timer] = []
+        if timeout is not None:
+            # close(): the agent did not answer the cancel; a disconnect cancels the request
+            timers = [threading.Timer(timeout, cancel_at_deadline),
+                      threading.Timer(timeout + grace, self.close)]
+            for timer in timers:
+                timer.daemon = True
+                timer.start()
+        try:
+            result = self._read_until_done(req_id, counted, None)
+        except KeyboardInterrupt:
+            for timer in timers:
+                timer.cancel()
+            raise RequestInterrupted(*self.cancel_and_drain(req_id, grace, on_cancel)) from None
+        except FlightProfilerError as exc:
+            if fired.is_set():
+                dropped = isinstance(exc, AgentLost)
+                raise RequestTimeout(f"no answer within {timeout:g}s"
+                                     + (" (connection dropped)" if dropped else ""),
+                                     None, events, dropped) from None
             raise
+        finally:
+            for timer in timers:
+                timer.cancel()
+        if fired.is_set():
+            raise RequestTimeout(f"cancelled after {timeout:g}s", result, events)
+        return result
 
     def start(self, cmd: str, args: dict[str, Any] | None = None) -> int:
         """Send a request (refused here, before the target sees it, if beyond the agent's
@@ -161,6 +231,20 @@ class AgentClient:
     def drain(self, req_id: int, timeout: float = CANCEL_GRACE) -> dict[str, Any]:
         """After a cancel: skip events until the final result."""
         return self._read_until_done(req_id, None, timeout)
+
+    def cancel_and_drain(self, req_id: int, grace: float = CANCEL_GRACE,
+                         on_cancel: Callable[[], None] | None = None,
+                         ) -> tuple[dict[str, Any] | None, FlightProfilerError | None]:
+        """Stop a request early: the agent removes its hooks and sends what it has. Returns
+        (final result, None), or (None, what prevented it) if no result came within ``grace``.
+        A second Ctrl-C while waiting propagates: the user insists on leaving."""
+        self.cancel(req_id)
+        if on_cancel is not None:
+            on_cancel()
+        try:
+            return self._read_until_done(req_id, None, grace), None
+        except FlightProfilerError as exc:
+            return None, exc
 
     def cancel(self, req_id: int) -> None:
         with contextlib.suppress(AgentLost):

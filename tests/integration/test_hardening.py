@@ -18,8 +18,8 @@ import pytest
 
 from flight_profiler.agent import protocol
 from flight_profiler.api import connect
-from flight_profiler.cli.agent_commands import parse
 from flight_profiler.errors import UsageError
+from flight_profiler.requests import parse
 from support import PYTHONS, Target, spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

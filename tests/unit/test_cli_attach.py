@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -77,36 +77,25 @@ def test_remote_error_kinds_map_to_exit_codes() -> None:
 
 # -- shell -----------------------------------------------------------------------------------
 
-class FakeClient:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def start(self, cmd: str, args: dict[str, Any]) -> int:
-        self.sent.append((cmd, args))
-        return 1
-
-    def _read_until_done(self, req_id: int, on_event: Any, timeout: Any) -> dict[str, Any]:
-        cmd = self.sent[-1][0]
-        if cmd == "status":
-            raise FlightProfilerError("agent says no")
-        if cmd == "detach":
-            return {"detached": True, "hooks_removed": 0}
-        return {"threads": [{"name": "MainThread", "main": True, "frames": [
-            {"file": "train.py", "line": 3, "function": "train_step"}]}]}
-
-    def close(self) -> None:
-        pass
-
-
 class FakeSession:
+    """What the shell sees of a session: execute() answers as the agent would."""
+
     def __init__(self) -> None:
-        self.client: FakeClient | None = FakeClient()
+        self.client: object | None = object()
+        self.sent: list[tuple[str, dict[str, Any]]] = []
         self.pid = 1
         self.hello = {"python": "3.11.7", "agent_version": "0.1.0"}
 
-    def _client(self) -> FakeClient:
-        assert self.client is not None
-        return self.client
+    def execute(self, request: Any, on_event: Any = None, timeout: Any = None,
+                on_cancel: Any = None, grace: float = 3.0) -> dict[str, Any]:
+        self.sent.append((request.cmd, request.args))
+        if request.cmd == "status":
+            raise FlightProfilerError("agent says no")
+        if request.cmd == "detach":
+            self.client = None
+            return {"detached": True, "hooks_removed": 0}
+        return {"threads": [{"name": "MainThread", "main": True, "frames": [
+            {"file": "train.py", "line": 3, "function": "train_step"}]}]}
 
     def close(self) -> None:
         self.client = None
@@ -129,7 +118,7 @@ def test_shell_runs_commands_survives_errors_and_quits(monkeypatch, capsys) -> N
     assert "error: agent says no" in err
     assert "error: stack: No such option" in err
     assert "train_step" in out  # the command after the errors still ran
-    assert session.client is not None and [c for c, _ in session.client.sent] == ["status", "stack"]
+    assert session.client is not None and [c for c, _ in session.sent] == ["status", "stack"]
     assert next(lines) == "stack"  # quit ended the loop
 
 
@@ -160,7 +149,7 @@ def test_help_inside_cmd_prints_help_without_attaching(capsys, command: str) -> 
 
 
 def test_help_for_unknown_topic() -> None:
-    from flight_profiler.cli.agent_commands import help_text
+    from flight_profiler.requests import help_text
 
     with pytest.raises(FlightProfilerError, match="no command 'nope'"):
         help_text("nope")
@@ -168,31 +157,27 @@ def test_help_for_unknown_topic() -> None:
 
 
 def test_ctrl_c_during_a_stream_cancels_and_renders_the_final_result(capsys) -> None:
-    from flight_profiler.cli.agent_commands.base import AgentRequest
-    from flight_profiler.cli.attach_cmd import execute
+    from flight_profiler.cli.runner import execute
+    from flight_profiler.client import RequestInterrupted
+    from flight_profiler.requests import hooks
 
-    class StreamingClient(FakeClient):
-        cancelled: ClassVar[list[int]] = []
+    class StreamingSession(FakeSession):
+        def execute(self, request: Any, on_event: Any = None, timeout: Any = None,
+                    on_cancel: Any = None, grace: float = 3.0) -> dict[str, Any]:
+            on_event({"type": "call", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 1.0,
+                      "values": [["params", "(3,)"]]})
+            on_cancel()  # what Session.execute does on Ctrl-C, before draining
+            raise RequestInterrupted({"reason": "cancelled", "calls": 1, "matched": 1, "events": 1,
+                               "elapsed_s": 0.5})
 
-        def _read_until_done(self, req_id, on_event, timeout):
-            on_event({"call": 1})
-            raise KeyboardInterrupt
-
-        def cancel(self, req_id: int) -> None:
-            self.cancelled.append(req_id)
-
-        def drain(self, req_id: int) -> dict[str, Any]:
-            return {"calls": 1, "cancelled": True}
-
-    session = FakeSession()
-    session.client = StreamingClient()
-    rendered: list[dict[str, Any]] = []
-    req = AgentRequest("watch", {}, lambda data, console: rendered.append(data),
-                       lambda data, console: rendered.append({"event": data}))
-    assert execute(session, req, as_json=False) is False  # -> exit code 130 in the CLI
-    assert StreamingClient.cancelled == [1]
-    assert rendered == [{"event": {"call": 1}}, {"calls": 1, "cancelled": True}]
-    assert "cancelling" in capsys.readouterr().err
+    # WHEN Ctrl-C stops a watch on its first call
+    completed = execute(StreamingSession(), hooks.watch(["m", "f"]), as_json=False)  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    # THEN the call and the agent's final answer are both shown, and the CLI exits 130
+    assert completed is False
+    assert "#1 MainThread" in out and "params = (3,)" in out
+    assert "watch ended (cancelled)" in out
+    assert "cancelling" in err
 
 
 def test_exit_code_doc_lists_every_code() -> None:

@@ -1,112 +1,85 @@
-"""SessionDriver: the deadline cancels the request (the agent then removes its hooks), a
-dropped connection becomes a timeout, and Ctrl-C cancels before it propagates."""
+"""SessionDriver over a real agent server in this process: the deadline cancels the request (the
+agent removes its hooks), an agent that ignores the cancel is disconnected and the next phase
+reconnects, and Ctrl-C cancels before it propagates."""
 
 from __future__ import annotations
 
-import threading
+import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from test_server import REMOVED, _client, _hooks, agent  # noqa: F401  (the fixture)
 
+from flight_profiler.api import Session
 from flight_profiler.diagnose import driver as driver_mod
 from flight_profiler.diagnose.driver import PhaseTimeout, SessionDriver
-from flight_profiler.errors import AgentLost
+from flight_profiler.requests import AgentRequest
 
 
-class FakeClient:
-    """Streams one event, then waits for a cancel (or the end of `answer_after`)."""
-
-    def __init__(self, answer_after: float | None = None, answer_cancel: bool = True,
-                 interrupt: bool = False) -> None:
-        self.cancelled = threading.Event()
-        self.closed = threading.Event()
-        self.answer_after = answer_after
-        self.answer_cancel = answer_cancel
-        self.interrupt = interrupt
-        self.started: list[tuple[str, dict[str, Any]]] = []
-        self.drained = False
-
-    def start(self, cmd: str, args: dict[str, Any] | None = None) -> int:
-        self.started.append((cmd, args or {}))
-        return 7
-
-    def messages(self, req_id: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        yield "event", {"type": "call", "n": 1, "cost_ms": 1.0}
-        if self.interrupt:
-            raise KeyboardInterrupt
-        deadline = time.monotonic() + (self.answer_after if self.answer_after is not None else 30)
-        while time.monotonic() < deadline:
-            if self.closed.is_set():
-                raise AgentLost("lost the connection to the agent")
-            if self.cancelled.is_set() and self.answer_cancel:
-                yield "result", {"reason": "cancelled", "matched": 1}
-                return
-            time.sleep(0.01)
-        yield "result", {"reason": "count", "matched": 3}
-
-    def cancel(self, req_id: int) -> None:
-        assert req_id == 7
-        self.cancelled.set()
-
-    def drain(self, req_id: int, timeout: float = 3.0) -> dict[str, Any]:
-        self.drained = True
-        return {}
-
-    def close(self) -> None:
-        self.closed.set()
+def _session(path: str) -> Session:
+    return Session(os.getpid(), _client(path), injected=False, attach_seconds=0.0)
 
 
-class FakeSession:
-    def __init__(self, client: FakeClient) -> None:
-        self.client: FakeClient | None = client
-        self.pid = 1
-
-    def _client(self) -> FakeClient:
-        assert self.client is not None
-        return self.client
-
-    def close(self) -> None:
-        self.client = None
-
-
-def test_result_before_the_deadline_is_returned_with_events() -> None:
-    client = FakeClient(answer_after=0.05)
+def test_result_before_the_deadline_is_returned_with_events(agent: str) -> None:  # noqa: F811
     events: list[dict[str, Any]] = []
-    result = SessionDriver(FakeSession(client)).run(  # type: ignore[arg-type]
-        "watch __main__ train_step -n 3", events.append, timeout=5)
-    assert result == {"reason": "count", "matched": 3}
-    assert events == [{"type": "call", "n": 1, "cost_ms": 1.0}]
-    assert client.started[0][0] == "watch"
-    assert client.started[0][1]["target"]["method"] == "train_step"
-    assert not client.cancelled.is_set()
+    result = SessionDriver(_session(agent)).run(AgentRequest("t_stream", {"limit": 3}), events.append,
+                                                timeout=30)
+    assert result == {"ticks": 3, "cancelled": False}
+    assert [e["tick"] for e in events] == [1, 2, 3]
 
 
-def test_deadline_cancels_and_keeps_the_partial_result() -> None:
-    client = FakeClient()
+def test_deadline_cancels_and_keeps_the_partial_result(agent: str) -> None:  # noqa: F811
     started = time.monotonic()
-    with pytest.raises(PhaseTimeout) as exc:
-        SessionDriver(FakeSession(client)).run("watch __main__ train_step -n 3", None,  # type: ignore[arg-type]
-                                               timeout=0.2)
-    assert time.monotonic() - started < 3
-    assert client.cancelled.is_set()
-    assert exc.value.partial == {"reason": "cancelled", "matched": 1}
-    assert exc.value.events == 1
+    with pytest.raises(PhaseTimeout, match=r"cancelled after 0\.3s") as exc:
+        SessionDriver(_session(agent)).run(AgentRequest("t_stream"), None, timeout=0.3)
+    assert time.monotonic() - started < 10  # generous: a loaded machine
+    assert exc.value.partial is not None and exc.value.partial["cancelled"] is True
+    assert exc.value.events == exc.value.partial["ticks"] >= 1
+    assert REMOVED == ["hook"] and _hooks(agent) == []
 
 
-def test_an_agent_that_ignores_the_cancel_is_disconnected(monkeypatch: pytest.MonkeyPatch) -> None:
+def _deaf(ctx: Any) -> dict[str, Any]:
+    """A handler stuck in native code: it never looks at the cancel."""
+    ctx.add_hook("deaf hook", lambda: REMOVED.append("deaf"))
+    time.sleep(1.5)
+    return {"done": True}
+
+
+def test_an_agent_that_ignores_the_cancel_is_disconnected_and_the_next_run_reconnects(
+        agent: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    import test_server
+
+    monkeypatch.setitem(test_server.TEST_HANDLERS, "t_deaf", _deaf)
     monkeypatch.setattr(driver_mod, "CANCEL_GRACE_S", 0.2)
-    client = FakeClient(answer_cancel=False)
-    session = FakeSession(client)
-    with pytest.raises(PhaseTimeout, match="connection dropped"):
-        SessionDriver(session).run("watch __main__ train_step -n 3", None, timeout=0.1)  # type: ignore[arg-type]
-    assert client.closed.is_set()
-    assert session.client is None  # the next phase reconnects
+    session = _session(agent)
+    driver = SessionDriver(session)
+    with pytest.raises(PhaseTimeout, match="connection dropped") as exc:
+        driver.run(AgentRequest("t_deaf"), None, timeout=0.1)
+    assert exc.value.partial is None
+    assert session.client is None  # closed: the next phase reconnects
+    reconnected: list[int] = []
+
+    def connect(pid: int, timeout: float = 10.0) -> Session:
+        reconnected.append(pid)
+        return _session(agent)
+
+    monkeypatch.setattr("flight_profiler.api.connect", connect)
+    deadline = time.monotonic() + 10
+    while "deaf" not in REMOVED:  # the disconnect cancelled it once the handler returned
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert driver.run(AgentRequest("status"))["active_hooks"] == []
+    assert reconnected == [os.getpid()]
 
 
-def test_ctrl_c_cancels_the_request_before_propagating() -> None:
-    client = FakeClient(interrupt=True)
+def test_ctrl_c_cancels_the_request_before_propagating(agent: str) -> None:  # noqa: F811
+    def on_event(data: dict[str, Any]) -> None:
+        if data["tick"] == 2:
+            raise KeyboardInterrupt
+
+    session = _session(agent)
     with pytest.raises(KeyboardInterrupt):
-        SessionDriver(FakeSession(client)).run("trace __main__ train_step", None, timeout=5)  # type: ignore[arg-type]
-    assert client.cancelled.is_set() and client.drained
+        SessionDriver(session).run(AgentRequest("t_stream"), on_event, timeout=30)
+    assert REMOVED == ["hook"]  # removed before control came back
+    assert session.request("status")["active_hooks"] == []  # the connection still works

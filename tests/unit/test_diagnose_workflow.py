@@ -20,6 +20,7 @@ from flight_profiler.diagnose.driver import PhaseTimeout
 from flight_profiler.diagnose.model import DiagnoseOptions, MethodTarget
 from flight_profiler.diagnose.workflow import run_diagnosis
 from flight_profiler.errors import FlightProfilerError, RemoteCommandError, TorchMissing
+from flight_profiler.requests import AgentRequest, parse
 from support import TRACES
 
 Handler = Callable[[list[str], Any], dict[str, Any]]
@@ -39,20 +40,25 @@ def census(path: str, losses: int) -> None:
 
 
 class FakeDriver:
-    """Answers command lines; `overrides` maps a command prefix to a handler."""
+    """Answers requests by their command lines; `overrides` maps a command prefix to a handler."""
 
     def __init__(self, cuda: bool = False, torch_imported: bool = True,
                  overrides: dict[str, Handler] | None = None) -> None:
         self.cuda = cuda
         self.torch_imported = torch_imported
         self.lines: list[str] = []
+        self.requests: list[AgentRequest] = []
         self.timeouts: list[float | None] = []
         self.censuses = 0
         self.overrides = overrides or {}
         self.zero_grad = True  # the fake model's optimizer calls zero_grad() every step
 
-    def run(self, line: str, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
+    def run(self, request: AgentRequest, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
+        # what a user re-running the phase by hand types gives back the same request
+        assert parse(request.line) == request
+        line = request.line
         self.lines.append(line)
+        self.requests.append(request)
         self.timeouts.append(timeout)
         words = shlex.split(line)
         for prefix, handler in self.overrides.items():
@@ -194,6 +200,24 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
     assert driver.lines == expected
     # every command has a backstop deadline beyond the limit it was given itself
     assert all(t is not None and t > options.timeout for t in driver.timeouts)
+
+
+def test_each_phase_records_the_line_that_re_runs_it(options: DiagnoseOptions) -> None:
+    # GIVEN a diagnosis whose training phase also runs `torch anomaly` (NaN gradients)
+    def nan_grads(words: list[str], on_event: Any) -> dict[str, Any]:
+        doc = grads_doc(4)
+        doc["measurements"][-1]["models"][0]["nonfinite_grad_layers"] = 1
+        Path(words[words.index("-f") + 1]).write_text(json.dumps(doc))
+        return doc
+
+    driver = FakeDriver(overrides={"torch grads": nan_grads,
+                                   "torch anomaly": lambda words, on_event: {"first": None}})
+    result = run_diagnosis(driver, options)
+    # WHEN a user copies a phase's command from the report
+    recorded = [line for p in result.phases if p.command for line in p.command.split("; ")]
+    # THEN parsing it gives back exactly the request the phase sent
+    assert [parse(line) for line in recorded] == driver.requests[-len(recorded):]
+    assert recorded[-1] == "torch anomaly __main__ train_step -n 1 --timeout 7"
 
 
 def test_watch_and_trace_numbers(options: DiagnoseOptions) -> None:

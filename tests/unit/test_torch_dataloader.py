@@ -83,9 +83,11 @@ def test_cli_parses_and_renders() -> None:
 
     from rich.console import Console
 
-    from flight_profiler.cli.agent_commands import parse
+    from flight_profiler.cli.agent_commands import rendering
+    from flight_profiler.requests import parse
 
     request = parse("torch dataloader --sample 0.5")
+    shown = rendering(request.cmd)
     assert request.cmd == "torch dataloader" and request.args == {"sample": 0.5}
     data = {"loaders": [{"type": "DataLoader", "dataset": {"type": "m.DS", "length": 9}, "batch_size": 4,
                          "num_workers": 2, "pin_memory": False, "prefetch_factor": 2,
@@ -98,6 +100,6 @@ def test_cli_parses_and_renders() -> None:
                          "top": [{"share": 0.9, "where": "DataLoader __next__ waiting (called at f() a.py:3)"}]}],
             "sampled_s": 1.0}
     out = io.StringIO()
-    request.render_result(data, Console(file=out, width=200))
+    shown.result(data, Console(file=out, width=200))
     text = out.getvalue()
     assert "num_workers=2" in text and "waiting for DataLoader workers 90%" in text and "12" in text

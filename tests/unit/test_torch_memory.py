@@ -224,8 +224,8 @@ def test_renderer_prints_path_and_sites(work, tmp_path):
 
 
 def test_cli_paths_are_absolute_and_modes_exclusive(tmp_path, monkeypatch):
-    from flight_profiler.cli.agent_commands import parse
     from flight_profiler.errors import UsageError
+    from flight_profiler.requests import parse
 
     monkeypatch.chdir(tmp_path)
     assert parse("torch memory -s -f snap.pickle").args["path"] == str(tmp_path / "snap.pickle")

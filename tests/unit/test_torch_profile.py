@@ -172,9 +172,9 @@ def test_quiet_stderr_drops_only_native_profiler_lines(capfd):
 def test_cli_profile_arguments(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from flight_profiler.cli.agent_commands import parse
     from flight_profiler.cli.agent_commands.torch import render_profile
     from flight_profiler.errors import UsageError
+    from flight_profiler.requests import parse
 
     monkeypatch.chdir(tmp_path)
     req = parse("torch profile mod train_step -n 2 --schedule 1,1,3 -f t.json.gz --with-stack")

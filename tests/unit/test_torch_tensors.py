@@ -215,8 +215,8 @@ def test_torch_missing_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_cli_diff_reads_only_census_json(tmp_path):
-    from flight_profiler.cli.agent_commands.torch import load_census
     from flight_profiler.errors import BadInputFile
+    from flight_profiler.requests.torch import load_census
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "something else"}')

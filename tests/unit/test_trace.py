@@ -118,15 +118,17 @@ def test_depth_limit_and_recursion(mod: types.ModuleType) -> None:
 def test_cli_says_deeper_not_faster_for_depth_cut_subtrees() -> None:
     from rich.console import Console
 
-    from flight_profiler.cli.agent_commands import parse
+    from flight_profiler.cli.agent_commands import rendering
+    from flight_profiler.requests import parse
 
     req = parse("trace m f -d 1")
+    shown = rendering(req.cmd)
     out = io.StringIO()
-    assert req.render_event is not None
+    assert shown.event is not None
     tree = {"name": "m.f", "file": "/x/t.py", "line": 1, "count": 1, "ms": 14.0,
             "children": [{"name": "g", "file": "/x/t.py", "line": 5, "count": 1, "ms": 13.9,
                           "hidden": {"count": 1, "ms": 13.8, "deeper": True}}]}
-    req.render_event({"type": "trace", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 14.0,
+    shown.event({"type": "trace", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 14.0,
                       "params": "()", "exception": None, "tree": tree}, Console(file=out, width=120))
     assert "└─ … 1 deeper call(s) hidden (13.80 ms total)" in out.getvalue()
     assert "faster" not in out.getvalue()
@@ -238,22 +240,24 @@ def test_node_count_is_bounded() -> None:
 def test_cli_renders_the_tree() -> None:
     from rich.console import Console
 
-    from flight_profiler.cli.agent_commands import parse
+    from flight_profiler.cli.agent_commands import rendering
+    from flight_profiler.requests import parse
 
     req = parse("trace __main__ Model step -i 0.5 -d 3 -n 2 --c-calls -f 'cost > 1'")
+    shown = rendering(req.cmd)
     assert req.args == {
         "target": {"module": "__main__", "class": "Model", "method": "step", "nested": None},
         "min_ms": 0.5, "depth": 3, "count": 2, "filter": "cost > 1", "timeout": 0, "c_calls": True,
     }
     out = io.StringIO()
     console = Console(file=out, width=120)
-    assert req.render_event is not None
+    assert shown.event is not None
     tree = {"name": "m.Model.step", "file": "/x/train.py", "line": 3, "count": 1, "ms": 12.3,
             "children": [{"name": "forward", "file": "/x/model.py", "line": 9, "count": 3, "ms": 8.1,
                           "children": [{"name": "builtin torch._C._nn.linear", "file": "", "line": 0,
                                         "count": 3, "ms": 7.9}]}],
             "hidden": {"count": 48, "ms": 3.1}}
-    req.render_event({"type": "trace", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 12.3,
+    shown.event({"type": "trace", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 12.3,
                       "params": "(1,)", "exception": None, "tree": tree}, console)
     text = out.getvalue()
     assert "├─ 8.10 ms forward ×3" in text

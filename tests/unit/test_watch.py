@@ -302,10 +302,12 @@ def test_split_top_level(text: str, parts: list[str]) -> None:
 def test_cli_builds_the_request_and_renders() -> None:
     from rich.console import Console
 
-    from flight_profiler.cli.agent_commands import parse
+    from flight_profiler.cli.agent_commands import rendering
     from flight_profiler.errors import UsageError
+    from flight_profiler.requests import parse
 
     req = parse("watch __main__ Trainer step -n 3 --expr 'params[0].shape, cost' -f 'cost > 1' -x 2 -nm inner -e")
+    shown = rendering(req.cmd)
     assert req.cmd == "watch"
     assert req.args == {
         "target": {"module": "__main__", "class": "Trainer", "method": "step", "nested": "inner"},
@@ -318,12 +320,12 @@ def test_cli_builds_the_request_and_renders() -> None:
         parse("watch m f -n 0")
     out = io.StringIO()
     console = Console(file=out, width=120)
-    assert req.render_event is not None
-    req.render_event({"type": "watching", "target": "m.f", "count": 3}, console)
-    req.render_event({"type": "call", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 1.5,
+    assert shown.event is not None
+    shown.event({"type": "watching", "target": "m.f", "count": 3}, console)
+    shown.event({"type": "call", "n": 1, "ts": 0, "thread": "MainThread", "cost_ms": 1.5,
                       "values": [["params", "(1,)"], ["cost", "1.50 ms"]], "exception": None}, console)
-    req.render_event({"type": "dropped", "count": 5, "total": 5}, console)
-    req.render_result({"reason": "count", "calls": 10, "matched": 3, "events": 3, "dropped": 5,
+    shown.event({"type": "dropped", "count": 5, "total": 5}, console)
+    shown.result({"reason": "count", "calls": 10, "matched": 3, "events": 3, "dropped": 5,
                        "elapsed_s": 1.0}, console)
     text = out.getvalue()
     assert "watching m.f, up to 3 call(s)" in text
@@ -335,15 +337,17 @@ def test_cli_builds_the_request_and_renders() -> None:
 def test_cli_short_help_and_unwrapped_summary_lines() -> None:
     from rich.console import Console
 
-    from flight_profiler.cli.agent_commands import HelpShown, parse
+    from flight_profiler.cli.agent_commands import rendering
+    from flight_profiler.requests import HelpShown, parse
 
     for command in ("watch -h", "trace -h"):  # -h works as in the torch commands
         with pytest.raises(HelpShown):
             parse(command)
     for command in ("watch m f -n 1", "trace m f"):
         req = parse(command)
+        shown = rendering(req.cmd)
         out = io.StringIO()
         console = Console(file=out, width=40)  # piped output: rich assumes 80 columns
-        req.render_result({"reason": "count", "calls": 4, "matched": 3, "events": 3, "elapsed_s": 0.1}, console)
+        shown.result({"reason": "count", "calls": 4, "matched": 3, "events": 3, "elapsed_s": 0.1}, console)
         # one line per message, so that `| grep "hooks removed"` still finds it
         assert out.getvalue().count("\n") == 1 and "hooks removed" in out.getvalue()

@@ -2,84 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from typing import TYPE_CHECKING, Any
-
 import click
 
-from flight_profiler.cli.params import FiniteFloatRange
-from flight_profiler.errors import FlightProfilerError, Interrupted
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from flight_profiler.api import Session
-    from flight_profiler.cli.agent_commands.base import AgentRequest
-
 from flight_profiler.attach.inject import METHODS
-
-_console: Console | None = None
-
-
-def console() -> Console:
-    global _console
-    if _console is None:
-        from rich.console import Console
-
-        _console = Console()
-    return _console
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, default=str) + "\n")
-    sys.stdout.flush()
-
-
-def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
-    """Run one parsed request on ``session`` and render it. Returns False if interrupted.
-
-    Ctrl-C during a stream sends ``cancel``: the agent removes the request's hooks and sends its
-    final result, which is still rendered.
-    """
-    client = session._client()
-    if as_json:
-        def on_event(data: dict[str, Any]) -> None:
-            _print_json({"event": data})
-    else:
-        render_event = req.render_event
-
-        def on_event(data: dict[str, Any]) -> None:
-            if render_event is not None:
-                render_event(data, console())
-            else:
-                console().print_json(json.dumps(data, default=str))
-
-    req_id = client.start(req.cmd, req.args)
-    interrupted = False
-    try:
-        result = client._read_until_done(req_id, on_event, None)
-    except KeyboardInterrupt:
-        interrupted = True
-        client.cancel(req_id)
-        sys.stderr.write("interrupted: cancelling (the agent removes its hooks)...\n")
-        try:
-            result = client.drain(req_id)
-        except KeyboardInterrupt:
-            raise
-    except FlightProfilerError:
-        if req.cmd == "detach":
-            session.close()
-        raise
-    if req.cmd == "detach":
-        session.close()
-    if as_json:
-        _print_json(result)
-    else:
-        req.render_result(result, console())
-    if req.after is not None:
-        req.after(result)
-    return not interrupted
+from flight_profiler.cli.params import FiniteFloatRange
+from flight_profiler.cli.runner import console, execute, print_json
+from flight_profiler.errors import FlightProfilerError, Interrupted
 
 
 @click.command(name="attach")
@@ -114,7 +42,7 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
     """
     from flight_profiler.api import connect
     from flight_profiler.cli import ranks_cmd
-    from flight_profiler.cli.agent_commands import HelpShown, parse
+    from flight_profiler.requests import HelpShown, parse
 
     if command_line is not None:
         command_line, typed_all, typed_spec = ranks_cmd.extract_rank_options(command_line)
@@ -161,18 +89,18 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
 def _detach(pid: int, timeout: float, verbose: bool, as_json: bool) -> None:
     """`detach` never injects: with no agent answering there is nothing to remove."""
     from flight_profiler.api import NotAttached, connect
-    from flight_profiler.cli.agent_commands import parse
+    from flight_profiler.requests import basic
 
     try:
         session = connect(pid, timeout=timeout, verbose=verbose, inject=False)
     except NotAttached as exc:
         if as_json:
-            _print_json({"detached": False, "reason": exc.message, "hint": exc.hint})
+            print_json({"detached": False, "reason": exc.message, "hint": exc.hint})
         else:
             console().print(f"nothing to detach: {exc.message}\n  hint: {exc.hint}",
                             markup=False, highlight=False)
         return
     try:
-        execute(session, parse("detach"), as_json)
+        execute(session, basic.detach(), as_json)
     finally:
         session.close()

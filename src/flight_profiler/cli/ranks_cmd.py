@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from flight_profiler.errors import FlightProfilerError, UsageError
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from flight_profiler.api import Session
     from flight_profiler.attach.multirank import RankResult
     from flight_profiler.attach.ranks import ProcInfo
-    from flight_profiler.cli.agent_commands.base import AgentRequest
+    from flight_profiler.cli.agent_commands.base import Rendering
+    from flight_profiler.requests import AgentRequest
 
 
 def job_targets(pid: int, ranks_spec: str | None) -> list[ProcInfo]:
@@ -38,17 +40,17 @@ def per_rank_path(path: str, rank: int | None) -> str:
     return os.path.join(directory, f"{stem}_rank{rank}{dot}{ext}")
 
 
-def _args_for(args: dict[str, Any], rank: int | None) -> dict[str, Any]:
-    if isinstance(args.get("path"), str):
-        return {**args, "path": per_rank_path(args["path"], rank)}
-    return args
+def _for_rank(req: AgentRequest, rank: int | None) -> AgentRequest:
+    if isinstance(req.args.get("path"), str):
+        return replace(req, args={**req.args, "path": per_rank_path(req.args["path"], rank)})
+    return req
 
 
 def run_request(targets: list[ProcInfo], req: AgentRequest, timeout: float, method: str,
-                as_json: bool) -> list[RankResult]:
+                as_json: bool, shown: Rendering) -> list[RankResult]:
     """Run ``req`` on every target in parallel; stream events labelled by rank as they come."""
     from flight_profiler.attach.multirank import run_on_ranks
-    from flight_profiler.cli.attach_cmd import console
+    from flight_profiler.cli.runner import console
 
     if req.cmd == "detach":
         from flight_profiler.attach.multirank import detach_ranks
@@ -65,16 +67,16 @@ def run_request(targets: list[ProcInfo], req: AgentRequest, timeout: float, meth
                 if as_json:
                     sys.stdout.write(json.dumps({"rank": rank, "event": data}, default=str) + "\n")
                     sys.stdout.flush()
-                elif req.render_event is not None:
+                elif shown.event is not None:
                     console().print(f"[bold]rank {rank}[/bold]", highlight=False)
-                    req.render_event(data, console())
+                    shown.event(data, console())
 
-        return session.request(req.cmd, _args_for(req.args, rank), on_event)
+        return session.execute(_for_rank(req, rank), on_event)
 
     return run_on_ranks(targets, work, timeout, method)
 
 
-def render(results: list[RankResult], req: AgentRequest, console: Console) -> None:
+def render(results: list[RankResult], req: AgentRequest, shown: Rendering, console: Console) -> None:
     from rich.markup import escape
 
     if req.cmd == "stack":
@@ -85,9 +87,7 @@ def render(results: list[RankResult], req: AgentRequest, console: Console) -> No
             if r.ok and r.result is not None and r.result.get("reason") == "no agent":
                 console.print("no agent: nothing to detach")
             elif r.ok and r.result is not None:
-                req.render_result(r.result, console)
-                if req.after is not None:
-                    req.after(r.result)
+                shown.result(r.result, console)
     for r in results:
         if not r.ok and r.error is not None:
             hint = f" (hint: {r.error.get('hint')})" if r.error.get("hint") else ""
@@ -132,14 +132,17 @@ def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: 
                   timeout: float, method: str) -> bool:
     """One command on all (or some) local ranks. Returns True when every rank succeeded."""
     from flight_profiler.attach.multirank import to_document
-    from flight_profiler.cli.agent_commands import parse
-    from flight_profiler.cli.attach_cmd import console
+    from flight_profiler.cli.agent_commands import rendering
+    from flight_profiler.cli.runner import console
+    from flight_profiler.requests import parse
 
     command_line, _, typed_spec = extract_rank_options(command_line)
     ranks_spec = typed_spec or ranks_spec
     req = parse(command_line)  # before touching any target: a typo leaves them all unharmed
     targets = job_targets(pid, ranks_spec)
-    results = run_request(targets, req, timeout, method, as_json)
+    # one set of renderers for all ranks: a stream's spinner is one line for the whole job
+    shown = rendering(req.cmd)
+    results = run_request(targets, req, timeout, method, as_json, shown)
     if as_json:
         doc = to_document(results, command_line)
         if req.cmd == "stack":
@@ -151,16 +154,16 @@ def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: 
         sys.stdout.write(json.dumps(doc, default=str) + "\n")
         sys.stdout.flush()
     else:
-        render(results, req, console())
+        render(results, req, shown, console())
     return all(r.ok for r in results)
 
 
 def run_all_ranks_shell(pid: int, ranks_spec: str | None, as_json: bool, timeout: float,
                         method: str) -> None:
     """The interactive shell, each line run on every selected rank."""
-    from flight_profiler.cli.agent_commands import HelpShown, help_text
     from flight_profiler.cli.output import print_error
     from flight_profiler.rank_list import format_ranks
+    from flight_profiler.requests import HelpShown, help_text
 
     targets = job_targets(pid, ranks_spec)
     interactive = sys.stdin.isatty()

@@ -9,7 +9,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from flight_profiler.cli.output import print_error
+from flight_profiler.cli.runner import execute
 from flight_profiler.errors import AgentLost, FlightProfilerError, UsageError
+from flight_profiler.requests import HelpShown, help_text, parse
 
 if TYPE_CHECKING:
     from flight_profiler.api import Session
@@ -38,9 +40,6 @@ def _save_history(readline: object | None) -> None:
 
 def handle_line(session: Session, line: str, as_json: bool) -> bool:
     """Run one shell line. Returns False when the shell should end."""
-    from flight_profiler.cli.agent_commands import HelpShown, help_text, parse
-    from flight_profiler.cli.attach_cmd import execute
-
     words = line.strip().split(None, 1)
     if not words:
         return True

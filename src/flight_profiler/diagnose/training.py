@@ -11,22 +11,20 @@ model skips the phase. The grads file joins the report's inputs (rule grad-healt
 from __future__ import annotations
 
 import json
-import shlex
 from typing import TYPE_CHECKING, Any
 
 from flight_profiler.atomic_files import write_text_atomic
+from flight_profiler.diagnose.run import Run, Skip, expect_file
 from flight_profiler.errors import FlightProfilerError
+from flight_profiler.requests import torch as torch_requests
 
 if TYPE_CHECKING:
     from flight_profiler.diagnose.model import PhaseResult
-    from flight_profiler.diagnose.workflow import Run
 
 GRAD_CALLS_MIN = 3
 
 
 def phase_grads(run: Run, phase: PhaseResult) -> None:
-    from flight_profiler.diagnose.workflow import Skip, _expect_file
-
     run.require_torch()
     o = run.options
     path = run.path("grads.json")
@@ -35,22 +33,22 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
     try:
         if method:
             assert o.target is not None
-            line = f"torch grads {o.target.words} -n {calls} -f {path} --timeout {o.timeout:g}"
-            result = run.command(phase, line, expect_calls=calls)
+            request = torch_requests.grads(run.words(), calls=calls, file=path, timeout=o.timeout)
+            result = run.command(phase, request, expect_calls=calls)
         else:
-            result = run.command(phase, f"torch grads -n {GRAD_CALLS_MIN} -i 1 -f {path}",
-                                 timeout=GRAD_CALLS_MIN + o.timeout)
+            request = torch_requests.grads(calls=GRAD_CALLS_MIN, interval=1.0, file=path)
+            result = run.command(phase, request, timeout=GRAD_CALLS_MIN + o.timeout)
     except FlightProfilerError as exc:
         if "no model with trainable parameters" in exc.message:
             raise Skip("no model with trainable parameters in the target") from None
         raise
-    _expect_file(phase, path)
+    expect_file(phase, path)
     phase.data["models"] = [_model_line(result, i) for i in range(len(result.get("models") or []))][:5]
     if method and _nonfinite(result):
         _anomaly(run, phase)
         first = (phase.data.get("anomaly") or {}).get("first")
         if first:
-            _attach_anomaly(shlex.split(path)[0], first)
+            _attach_anomaly(path, first)
 
 
 def _model_line(result: dict[str, Any], index: int) -> dict[str, Any]:
@@ -75,15 +73,15 @@ def _attach_anomaly(path: str, first: dict[str, Any]) -> None:
 def _anomaly(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
-    line = f"torch anomaly {o.target.words} -n 1 --timeout {o.timeout:g}"
+    request = torch_requests.anomaly(run.words(), calls=1, timeout=o.timeout)
     grads_command = phase.command
     try:
-        result = run.command(phase, line, expect_calls=1)
+        result = run.command(phase, request, expect_calls=1)
     except FlightProfilerError as exc:
         phase.data["anomaly"] = {"error": exc.message}
         return
     finally:
         # Both lines are what a user would re-run; the phase shows them together.
-        phase.command = f"{grads_command}; {line}" if grads_command else line
+        phase.command = f"{grads_command}; {request.line}" if grads_command else request.line
     phase.data["anomaly"] = {"first": result.get("first"), "restored": result.get("anomaly_after")
                              == result.get("anomaly_before")}

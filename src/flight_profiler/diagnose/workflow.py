@@ -1,7 +1,8 @@
 """The diagnosis a careful engineer would run by hand, as one sequence of small phases.
 
 ``run_diagnosis(driver, options, progress) -> DiagnoseResult``: plain data in and out. Each phase
-is a function ``(run, phase) -> None`` that issues command lines exactly as a user types them,
+is a function ``(run, phase) -> None`` that builds its requests with the typed builders (each
+records the command line a user would type for it, in ``phase.command``),
 fills ``phase.data`` / ``phase.files``, and raises :class:`Skip` when it cannot run (no CUDA,
 torch not imported, no method given, the method not called in time). A phase that fails or is
 skipped never stops the others; only a target that does not exist (a typo in the module or
@@ -15,9 +16,7 @@ growth; the profile comes before watch/trace so that their hooks cannot distort 
 from __future__ import annotations
 
 import os
-import shlex
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from flight_profiler.diagnose import stats
@@ -32,99 +31,21 @@ from flight_profiler.diagnose.model import (
     PhaseResult,
 )
 from flight_profiler.diagnose.progress import NullProgress, Progress
+from flight_profiler.diagnose.run import Run, Skip, TargetUnusable, expect_file
+from flight_profiler.diagnose.training import phase_grads
 from flight_profiler.errors import FlightProfilerError, TorchMissing
+from flight_profiler.requests import basic, hooks
+from flight_profiler.requests import torch as torch_requests
 
 # Levels of the call tree the agent keeps (wrapper chains such as Module.__call__ ->
 # _call_impl -> forward eat several), and rows shown in the report once chains are collapsed.
 TRACE_DEPTH = 8
 WHERE_LEVELS = 3
-# The driver cancels a command this long after the limit the command itself was given.
-BACKSTOP_S = 15.0
-
-
-def calls_seen(event: dict[str, Any], seen: int) -> int:
-    """Calls observed so far, from a streamed event (watch/trace: one per call; torch commands:
-    progress events carrying ``calls_done``)."""
-    done = event.get("calls_done")
-    if isinstance(done, int) and not isinstance(done, bool):
-        return done
-    if event.get("type") in ("call", "trace"):
-        return seen + 1
-    return seen
-
-
-class Skip(Exception):
-    """The phase cannot run here; the message says why (shown as the reason)."""
-
-
-class TargetUnusable(Exception):
-    """The method cannot be hooked at all (typo, not found): the diagnosis stops here."""
-
-    def __init__(self, error: FlightProfilerError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-@dataclass
-class Run:
-    """What the phases share: the driver, options, progress and what earlier phases learnt."""
-
-    driver: Driver
-    options: DiagnoseOptions
-    progress: Progress
-    torch_imported: bool | None = None
-    cuda: bool | None = None
-    method_called: bool | None = None  # None: no method given or not checked yet
-    census_before_at: float = 0.0
-    watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
-
-    def path(self, name: str) -> str:
-        """An artefact's path, quoted for a command line (the directory may contain spaces)."""
-        return shlex.quote(os.path.join(self.options.out_dir, name))
-
-    def command(self, phase: PhaseResult, line: str, timeout: float | None = None,
-                expect_calls: int | None = None) -> dict[str, Any]:
-        """Run ``line`` for ``phase``, showing what it waits for.
-
-        Commands that wait for calls get ``--timeout`` themselves (the agent then stops cleanly
-        and says how many calls it saw); the driver's own deadline is only a backstop for an
-        agent that does not answer at all.
-        """
-        phase.command = line
-        target = self.options.target
-        seen = [0]
-        if expect_calls and target is not None:
-            self.progress.waiting(f"waiting for {target.label} to be called: 0 of {expect_calls} calls")
-
-        def on_event(data: dict[str, Any]) -> None:
-            seen[0] = calls_seen(data, seen[0])
-            phase.data.setdefault("events", []).append(data)
-            if expect_calls and target is not None:
-                if seen[0] >= expect_calls:
-                    self.progress.waiting(f"{expect_calls} of {expect_calls} calls seen; the "
-                                          "agent is finishing (writing its files)")
-                else:
-                    self.progress.waiting(f"waiting for {target.label} to be called: "
-                                          f"{seen[0]} of {expect_calls} calls")
-
-        limit = self.options.timeout if timeout is None else timeout
-        return self.driver.run(line, on_event, limit + BACKSTOP_S)
-
-    def require_torch(self) -> None:
-        if self.torch_imported is False:
-            raise Skip("the target has not imported torch")
-
-    def require_method(self) -> None:
-        if self.options.target is None:
-            raise Skip("no method given (pass `module [class] method` to observe its calls)")
-        if self.method_called is False:
-            raise Skip(f"{self.options.target.label} was not called within "
-                       f"{self.options.timeout:g}s")
 
 
 # -- phases -----------------------------------------------------------------------------------
 def phase_status(run: Run, phase: PhaseResult) -> None:
-    data = run.command(phase, "status")
+    data = run.command(phase, basic.status())
     torch = data.get("torch") or {}
     run.torch_imported = bool(torch.get("imported"))
     run.cuda = bool(torch.get("cuda_available")) if run.torch_imported else False
@@ -140,7 +61,7 @@ def phase_locate(run: Run, phase: PhaseResult) -> None:
     assert target is not None
     t = run.options.timeout
     try:
-        result = run.command(phase, f"watch {target.words} --expr cost -n 1 --timeout {t:g}",
+        result = run.command(phase, hooks.watch(run.words(), expr="cost", count=1, timeout=t),
                              expect_calls=1)
     except PhaseTimeout:
         run.method_called = False
@@ -158,7 +79,7 @@ def phase_locate(run: Run, phase: PhaseResult) -> None:
 
 def phase_memory(run: Run, phase: PhaseResult) -> None:
     run.require_torch()
-    result = run.command(phase, "torch memory")
+    result = run.command(phase, torch_requests.memory())
     phase.data["summary"] = result
 
 
@@ -167,8 +88,8 @@ def _snapshot(run: Run, phase: PhaseResult, name: str) -> None:
     # schema from the live tensors, so the report compares both alike.
     run.require_torch()
     path = run.path(name)
-    run.command(phase, f"torch memory -s -f {path}")
-    _expect_file(phase, path)
+    run.command(phase, torch_requests.memory(snapshot=True, file=path))
+    expect_file(phase, path)
 
 
 def phase_snapshot_before(run: Run, phase: PhaseResult) -> None:
@@ -182,9 +103,9 @@ def phase_snapshot_after(run: Run, phase: PhaseResult) -> None:
 def phase_census_before(run: Run, phase: PhaseResult) -> None:
     run.require_torch()
     path = run.path("census-before.json")
-    result = run.command(phase, f"torch tensors -f {path}")
+    result = run.command(phase, torch_requests.tensors(file=path))
     run.census_before_at = time.monotonic()
-    _expect_file(phase, path)
+    expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
 
 
@@ -198,18 +119,19 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
     if o.target is not None and run.method_called:
         # A schedule marks each call as a ProfilerStep (per-step figures in the report); its one
         # warm-up call keeps first-call effects out of the trace.
-        line = (f"torch profile {o.target.words} --schedule 0,1,{o.calls} -f {path} "
-                f"--profile-memory --with-stack --timeout {o.timeout:g}")
-        result = run.command(phase, line, expect_calls=o.calls + 1)
+        request = torch_requests.profile(run.words(), schedule=f"0,1,{o.calls}", file=path,
+                                         profile_memory=True, with_stack=True, timeout=o.timeout)
+        result = run.command(phase, request, expect_calls=o.calls + 1)
         phase.data["mode"] = f"next {o.calls} calls of {o.target.label} (after 1 warm-up call)"
         _note_partial(phase, result, o.calls + 1)
     else:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
-        line = f"torch profile --duration {o.duration:g} -f {path} --profile-memory --with-stack"
-        run.command(phase, line, timeout=o.duration + o.timeout)
+        request = torch_requests.profile(duration=o.duration, file=path, profile_memory=True,
+                                         with_stack=True)
+        run.command(phase, request, timeout=o.duration + o.timeout)
         why = "no method given" if o.target is None else f"{o.target.label} was not called"
         phase.data["mode"] = f"{o.duration:g}s window ({why})"
-    _expect_file(phase, path)
+    expect_file(phase, path)
 
 
 def phase_record(run: Run, phase: PhaseResult) -> None:
@@ -219,10 +141,11 @@ def phase_record(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
     path = run.path("record.pickle")
-    result = run.command(phase, f"torch memory -r {o.target.words} -n {o.calls} -f {path} "
-                                f"--timeout {o.timeout:g}", expect_calls=o.calls)
+    request = torch_requests.memory(run.words(), record=True, calls=o.calls, file=path,
+                                    timeout=o.timeout)
+    result = run.command(phase, request, expect_calls=o.calls)
     _note_partial(phase, result, o.calls)
-    _expect_file(phase, path)
+    expect_file(phase, path)
 
 
 def phase_watch(run: Run, phase: PhaseResult) -> None:
@@ -230,8 +153,8 @@ def phase_watch(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
     try:
-        result = run.command(phase, f"watch {o.target.words} --expr cost -n {o.calls} "
-                                    f"--timeout {o.timeout:g}", expect_calls=o.calls)
+        request = hooks.watch(run.words(), expr="cost", count=o.calls, timeout=o.timeout)
+        result = run.command(phase, request, expect_calls=o.calls)
     except PhaseTimeout as exc:
         # Some calls may have been seen: their spread is still worth reporting.
         _summarise_watch(phase, exc.partial or {})
@@ -276,7 +199,7 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     # Long enough to see a few loop periods, short enough not to slow the diagnosis down.
     period_s = float(watch.get("period_ms", 0.0)) / 1000.0 if watch else 0.0
     sample = min(5.0, max(1.0, 5 * period_s)) if idle or run.options.target is None else 0.5
-    result = run.command(phase, f"torch dataloader --sample {sample:g}", timeout=sample + 10)
+    result = run.command(phase, basic.dataloader(sample=sample), timeout=sample + 10)
     phase.data["loaders"] = result.get("loaders") or []
     phase.data["threads"] = result.get("threads") or []
     phase.data["sampled_s"] = result.get("sampled_s")
@@ -291,8 +214,9 @@ def phase_trace(run: Run, phase: PhaseResult) -> None:
     assert o.target is not None
     try:
         # -i 0.01: keep callees down to 10 us so that small Python-level costs still add up.
-        result = run.command(phase, f"trace {o.target.words} -n {o.calls} -i 0.01 -d {TRACE_DEPTH} "
-                                    f"--timeout {o.timeout:g}", expect_calls=o.calls)
+        request = hooks.trace(run.words(), count=o.calls, min_ms=0.01, depth=TRACE_DEPTH,
+                              timeout=o.timeout)
+        result = run.command(phase, request, expect_calls=o.calls)
     except PhaseTimeout as exc:
         _summarise_trace(phase, exc.partial or {})
         raise
@@ -319,25 +243,15 @@ def phase_census_after(run: Run, phase: PhaseResult) -> None:
             time.sleep(left)
     path = run.path("census-after.json")
     before = run.path("census-before.json")
-    had_before = os.path.exists(os.path.join(o.out_dir, "census-before.json"))
-    line = f"torch tensors -f {path}" + (f" --diff {before}" if had_before else "")
-    result = run.command(phase, line)
-    _expect_file(phase, path)
+    request = torch_requests.tensors(file=path, diff=before if os.path.exists(before) else None)
+    result = run.command(phase, request)
+    expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
     if run.census_before_at:
         phase.data["seconds_since_before"] = round(time.monotonic() - run.census_before_at, 2)
 
 
-def _expect_file(phase: PhaseResult, quoted: str) -> None:
-    path = shlex.split(quoted)[0]
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        raise FlightProfilerError(f"the agent reported success but {path} is missing or empty")
-    phase.files.append(path)
-
-
 PhaseFn = Callable[[Run, PhaseResult], None]
-
-from flight_profiler.diagnose.training import phase_grads  # noqa: E402  (it imports this module lazily)
 
 PHASES: list[tuple[str, str, PhaseFn]] = [
     ("status", "Check the target (torch, CUDA)", phase_status),

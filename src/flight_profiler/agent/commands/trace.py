@@ -1,6 +1,6 @@
 """``trace``: the call tree below each matching call of one function, with inclusive times.
 
-Args (built by cli/agent_commands/trace.py)::
+Args (built by requests/hooks.py)::
 
     target      {"module", "class", "method", "nested"}
     min_ms      hide subtrees faster than this (default 0.1), summarised with a count

@@ -1,6 +1,6 @@
 """``watch``: arguments, return value, exception and cost of each call of one function.
 
-Args (built by cli/agent_commands/watch.py)::
+Args (built by requests/hooks.py)::
 
     target      {"module", "class", "method", "nested"}
     expr        comma list of expressions (default: params, return_obj, cost; throw_exp when raised)

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from flight_profiler.cli.agent_commands.base import AgentRequest
-
 if TYPE_CHECKING:
     from rich.console import Console
 
 
-def _render_status(data: dict[str, Any], console: Console) -> None:
+def render_status(data: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
     py = data.get("python", {})
@@ -39,7 +35,7 @@ def _render_status(data: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-def _render_stack(data: dict[str, Any], console: Console) -> None:
+def render_stack(data: dict[str, Any], console: Console) -> None:
     from rich.markup import escape
 
     for thread in data.get("threads", []):
@@ -61,28 +57,6 @@ def _render_stack(data: dict[str, Any], console: Console) -> None:
         console.print(f"[dim]{hidden} agent thread(s) hidden; `stack --all` shows them[/dim]")
 
 
-def _render_detach(data: dict[str, Any], console: Console) -> None:
+def render_detach(data: dict[str, Any], console: Console) -> None:
     removed = data.get("hooks_removed", 0)
     console.print(f"detached: agent stopped, {removed} hook(s) removed")
-
-
-@click.command(name="status", context_settings={"help_option_names": ["-h", "--help"]})
-def status() -> AgentRequest:
-    """Agent, interpreter, torch/CUDA and active instrumentation."""
-    return AgentRequest("status", {}, _render_status)
-
-
-@click.command(name="stack", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-a", "--all", "show_all", is_flag=True,
-              help="Also show the agent's own threads.")
-@click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True,
-              help="At most this many frames per thread (innermost kept).")
-def stack(show_all: bool, limit: int) -> AgentRequest:
-    """Python stacks of all threads, innermost frame last."""
-    return AgentRequest("stack", {"all": show_all, "limit": limit}, _render_stack)
-
-
-@click.command(name="detach", context_settings={"help_option_names": ["-h", "--help"]})
-def detach() -> AgentRequest:
-    """Remove all instrumentation and stop the agent (a later attach injects afresh)."""
-    return AgentRequest("detach", {}, _render_detach)

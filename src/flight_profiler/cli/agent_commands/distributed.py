@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from flight_profiler.cli.agent_commands.base import AgentRequest
-
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -24,13 +20,3 @@ def render_fr(data: dict[str, Any], console: Console) -> None:
     for e in data.get("entries", [])[-5:]:
         console.print(f"  #{e.get('seq')} pg {e.get('pg_id')}: {escape(str(e.get('op')))} "
                       f"({escape(str(e.get('state')))})", highlight=False)
-
-
-@click.command("torch fr", context_settings={"help_option_names": ["-h", "--help"]})
-def fr() -> AgentRequest:
-    """Flight Recorder: the last collectives of each process group (needs TORCH_FR_BUFFER_SIZE).
-
-    \b
-    With --all-ranks, the rank whose sequence id is lower than the others' is behind.
-    """
-    return AgentRequest("torch fr", {}, render_fr)

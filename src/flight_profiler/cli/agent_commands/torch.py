@@ -1,31 +1,13 @@
-"""`torch memory`, `torch tensors`, `torch profile`, `torch dataloader`: parse, resolve paths here,
-render answers.
-
-Output paths are resolved on this side (relative to the user's cwd) and sent absolute; without
--f the agent names the file fp-<pid>-<kind>-<timestamp>.<ext> in this cwd (docs/commands-torch.md).
-"""
+"""`torch memory`, `torch tensors`, `torch profile`, `torch dataloader`: how answers are shown."""
 
 from __future__ import annotations
 
-import json
-import os
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
-from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.report.units import fmt_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-
-def _out(file: str | None) -> dict[str, Any]:
-    """The path arguments every file-writing command sends."""
-    if file:
-        return {"path": os.path.abspath(os.path.expanduser(file))}
-    return {"default_dir": os.getcwd()}
 
 
 def _size(n: Any) -> str:
@@ -97,71 +79,7 @@ def render_memory(data: dict[str, Any], console: Console) -> None:
         console.print("open it with `flight_profiler report FILE` or PyTorch's memory_viz")
 
 
-@click.command("torch memory", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("target", nargs=-1)
-@click.option("-s", "--snapshot", is_flag=True, help="Write a memory snapshot pickle (PyTorch's schema).")
-@click.option("-r", "--record", is_flag=True, help="Record allocations during the next call(s) of TARGET.")
-@click.option("--record-history", type=click.Choice(["on", "off"]), help="Start/stop CUDA allocation history recording.")
-@click.option("--max-entries", type=click.IntRange(1), help="History ring buffer size (CUDA).")
-@click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to record (-r).")
-@click.option("-f", "--file", "file", help="Output file (default: fp-<pid>-memory-<time>.pickle in this directory).")
-@click.option("--timeout", type=FiniteFloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls (-r).")
-@click.option("--label", default="", help="Label stored in the file.")
-def memory(target: tuple[str, ...], snapshot: bool, record: bool, record_history: str | None,
-           max_entries: int | None, calls: int, file: str | None, timeout: float, label: str) -> AgentRequest:
-    """Allocator state; -s snapshot; -r record a method's allocations; --record-history on|off.
-
-    \b
-    torch memory                         per-device allocated/reserved/peak, RSS, live tensors
-    torch memory -s [-f snap.pickle]     snapshot (CUDA allocator, or live storages on CPU)
-    torch memory --record-history on     CUDA: later snapshots carry allocation stacks
-    torch memory -r __main__ train_step -n 2   allocations and frees with Python stacks
-    """
-    from flight_profiler.errors import UsageError
-
-    chosen = [name for name, on in (("-s", snapshot), ("-r", record), ("--record-history", record_history)) if on]
-    if len(chosen) > 1:
-        raise UsageError(f"torch memory: {' and '.join(chosen)} cannot be combined", "pick one mode")
-    if target and not record:
-        raise UsageError("torch memory: a method is only used with -r", "e.g. `torch memory -r __main__ train_step`")
-    args: dict[str, Any] = {"label": label}
-    if record:
-        args.update(mode="record", target=target_args(target), calls=calls, timeout=timeout, **_out(file))
-        if max_entries:
-            args["max_entries"] = max_entries
-    elif snapshot:
-        args.update(mode="snapshot", **_out(file))
-    elif record_history:
-        args.update(mode="history", history=record_history, max_entries=max_entries)
-    else:
-        if file:
-            raise UsageError("torch memory: -f needs -s or -r", "e.g. `torch memory -s -f snap.pickle`")
-        args["mode"] = "summary"
-    return AgentRequest("torch memory", args, render_memory, render_progress)
-
-
 # -- torch tensors -------------------------------------------------------------------------
-
-
-def load_census(path: str) -> dict[str, Any]:
-    """A previous census for --diff (JSON only; never a pickle)."""
-    from flight_profiler.errors import BadInputFile
-
-    full = os.path.abspath(os.path.expanduser(path))
-    try:
-        with open(full, encoding="utf-8") as f:
-            doc = json.load(f)
-    except OSError as exc:
-        raise BadInputFile(f"cannot read {full}: {exc.strerror}", "pass a census written by `torch tensors`") from None
-    except UnicodeDecodeError:
-        # a pickle or a gzip given by mistake: the codec's byte offsets say nothing to the user
-        raise BadInputFile(f"{full} is a binary file, not a census (census files are JSON)",
-                           "pass a census written by `torch tensors`") from None
-    except ValueError as exc:
-        raise BadInputFile(f"{full} is not JSON: {exc}", "pass a census written by `torch tensors`") from None
-    if not isinstance(doc, dict) or doc.get("format") != "flight_profiler.census":
-        raise BadInputFile(f"{full} is not a flight_profiler census", "pass a file written by `torch tensors`")
-    return {k: doc.get(k) for k in ("pid", "time", "label", "totals", "groups", "holders")}
 
 
 def render_tensors(data: dict[str, Any], console: Console) -> None:
@@ -208,27 +126,6 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
         console.print(f"[yellow]incomplete:[/yellow] {skipped['reason']}")
 
 
-@click.command("torch tensors", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows per table.")
-@click.option("--by", type=click.Choice(["holder", "shape", "site"]), default="holder", show_default=True,
-              help="Which table comes first (sites are only known to `torch memory -r`).")
-@click.option("--diff", "diff", type=click.Path(dir_okay=False), help="A previous census JSON: show what grew.")
-@click.option("-f", "--file", "file", help="Output JSON (default: fp-<pid>-census-<time>.json in this directory).")
-@click.option("--label", default="", help="Label stored in the census.")
-@click.option("--budget", type=FiniteFloatRange(0.1), default=5.0, show_default=True, help="Time budget in seconds.")
-def tensors(top: int, by: str, diff: str | None, file: str | None, label: str, budget: float) -> AgentRequest:
-    """Census of live tensors and who holds them (leak finder); --diff PREVIOUS.json for growth.
-
-    \b
-    torch tensors -f before.json
-    torch tensors -f after.json --diff before.json    what grew, by holder and by shape
-    """
-    args: dict[str, Any] = {"top": top, "by": by, "label": label, "seconds": budget, **_out(file)}
-    if diff:
-        args["previous"] = load_census(diff)
-    return AgentRequest("torch tensors", args, render_tensors, render_progress)
-
-
 # -- torch profile -------------------------------------------------------------------------
 
 
@@ -254,70 +151,6 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
         t.add_row(*row)
     console.print(t)
     console.print("open the trace in Perfetto (ui.perfetto.dev) or chrome://tracing; `flight_profiler report FILE` diagnoses it")
-
-
-def _schedule(text: str | None) -> list[int] | None:
-    from flight_profiler.errors import UsageError
-
-    if not text:
-        return None
-    try:
-        parts = [int(x) for x in text.split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (3, 4) or min(parts) < 0 or parts[2] < 1:
-        raise UsageError(f"bad --schedule {text!r}", "use wait,warmup,active[,repeat], e.g. 1,1,3")
-    return parts
-
-
-@click.command("torch profile", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("target", nargs=-1)
-@click.option("--duration", type=FiniteFloatRange(0.01, 3600), help="Profile all threads for SECONDS instead of a method.")
-@click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to profile.")
-@click.option("-f", "--file", "file", help="Output trace (default: fp-<pid>-profile-<time>.pt.trace.json.gz here).")
-@click.option("--record-shapes", is_flag=True, help="Record operator input shapes.")
-@click.option("--profile-memory", is_flag=True, help="Record allocations ([memory] events).")
-@click.option("--with-stack", is_flag=True, help="Record Python stacks (python_function events).")
-@click.option("--sort-by", type=click.Choice(["self_cpu", "cpu_total", "self_cuda", "count"]),
-              help="Sort key of the operator table (default self_cuda with CUDA, else self_cpu).")
-@click.option("--row-limit", type=click.IntRange(1), default=15, show_default=True, help="Rows of the operator table.")
-@click.option("--timeout", type=FiniteFloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
-@click.option("--schedule", help="wait,warmup,active[,repeat]: ProfilerStep per call (training steps).")
-@click.option("--tensorboard", type=click.Path(file_okay=False), help="Write DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz.")
-@click.option("--label", default="", help="Trace name (and TensorBoard run name).")
-def profile(target: tuple[str, ...], duration: float | None, calls: int, file: str | None,
-            record_shapes: bool, profile_memory: bool, with_stack: bool, sort_by: str | None,
-            row_limit: int, timeout: float, schedule: str | None, tensorboard: str | None,
-            label: str) -> AgentRequest:
-    """Profile a method's next calls (or all threads for --duration) to a Chrome trace.
-
-    \b
-    torch profile __main__ train_step -n 3 --with-stack
-    torch profile mypkg.trainer Trainer step --schedule 1,1,3
-    torch profile --duration 5 -f window.json.gz
-    """
-    from flight_profiler.errors import UsageError
-
-    if duration is not None and target:
-        raise UsageError("torch profile: give a method or --duration, not both")
-    if duration is None and not target:
-        raise UsageError("torch profile: give `module [class] method` or --duration SECONDS",
-                         "e.g. `torch profile __main__ train_step -n 3`")
-    if tensorboard and file:
-        raise UsageError("torch profile: --tensorboard and -f cannot be combined", "--tensorboard names the file itself")
-    args: dict[str, Any] = {
-        "record_shapes": record_shapes, "profile_memory": profile_memory, "with_stack": with_stack,
-        "sort_by": sort_by, "row_limit": row_limit, "label": label, **_out(file),
-    }
-    if tensorboard:
-        args["tensorboard"] = os.path.abspath(os.path.expanduser(tensorboard))
-    if duration is not None:
-        if schedule:
-            raise UsageError("torch profile: --schedule needs a method")
-        args["duration"] = duration
-    else:
-        args.update(target=target_args(target), calls=calls, timeout=timeout, schedule=_schedule(schedule))
-    return AgentRequest("torch profile", args, render_profile, render_progress)
 
 
 # -- torch dataloader ----------------------------------------------------------------------
@@ -358,18 +191,3 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
             console.print(f"  [bold]{th.get('thread')}[/bold]: {shares}")
             for top in (th.get("top") or [])[:2]:
                 console.print(f"    {top['share']:.0%} {top['where']}")
-
-
-@click.command("torch dataloader", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--sample", type=click.FloatRange(0, 60), default=1.0, show_default=True,
-              help="Seconds of stack sampling to see what each thread waits on (0: none).")
-def dataloader(sample: float) -> AgentRequest:
-    """DataLoaders alive in the target: dataset and length, batch_size, num_workers, pin_memory,
-    prefetch_factor, persistent_workers; each worker's pid, state, CPU and RSS; batches in
-    flight; and what the training loop is waiting on (sampled stacks).
-
-    \b
-    torch dataloader
-    torch dataloader --sample 3       a longer look at what the loop waits on
-    """
-    return AgentRequest("torch dataloader", {"sample": sample}, render_dataloader)

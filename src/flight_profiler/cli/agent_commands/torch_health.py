@@ -1,4 +1,4 @@
-"""`torch grads` and `torch anomaly`: training-health commands (parse, render).
+"""`torch grads` and `torch anomaly`: how the training-health answers are shown.
 
 Kept apart from torch.py (memory/tensors/profile) so each module stays one concept and small.
 The verdicts shown under `torch grads` are the report's grad-health rule run on the same
@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
-from flight_profiler.cli.agent_commands.torch import _file_line, _out, render_progress
+from flight_profiler.cli.agent_commands.torch import _file_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -88,34 +85,6 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
         console.print(f"[green]gradients finite, not exploding; {zeroing}[/green]")
 
 
-@click.command("torch grads", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("target", nargs=-1)
-@click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True,
-              help="Calls of TARGET to measure after (without TARGET: measurements, --interval apart).")
-@click.option("-i", "--interval", type=click.FloatRange(0.01), default=1.0, show_default=True,
-              help="Seconds between measurements without TARGET.")
-@click.option("-f", "--file", "file", help="Output JSON (default: fp-<pid>-grads-<time>.json in this directory).")
-@click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
-@click.option("--label", default="", help="Label stored in the file.")
-def grads(target: tuple[str, ...], calls: int, interval: float, file: str | None, timeout: float,
-          label: str) -> AgentRequest:
-    """Gradient and weight health of the models the target holds.
-
-    Per parameter, in module order: grad norm, max |grad|, NaN/Inf counts, weight norm; the
-    first layer with non-finite values; whether grads are zeroed between steps (optimizer
-    step() and zero_grad() calls are counted while measuring a method or -n > 1).
-
-    \b
-    torch grads                                   now, at the main thread's next safe point
-    torch grads -n 5 -i 2                         5 measurements, 2 s apart
-    torch grads __main__ Trainer train_step -n 3  right after each of the next 3 calls
-    """
-    args: dict[str, Any] = {"calls": calls, "interval": interval, "timeout": timeout, "label": label, **_out(file)}
-    if target:
-        args["target"] = target_args(target)
-    return AgentRequest("torch grads", args, render_grads, render_progress)
-
-
 def render_anomaly(data: dict[str, Any], console: Console) -> None:
     console.print(f"ran {data.get('calls_recorded')} of {data.get('calls_requested')} call(s) of "
                   f"{data.get('target')} under anomaly detection ({data.get('ops_checked', 0)} operators checked; "
@@ -136,25 +105,3 @@ def render_anomaly(data: dict[str, Any], console: Console) -> None:
     before, after = data.get("anomaly_before"), data.get("anomaly_after")
     console.print(f"anomaly mode before: {before}; after: {after}"
                   + ("; a call still running restores it when it returns" if data.get("restore_pending") else ""))
-
-
-@click.command("torch anomaly", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("target", nargs=-1, required=True)
-@click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to run under anomaly detection.")
-@click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
-def anomaly(target: tuple[str, ...], calls: int, timeout: float) -> AgentRequest:
-    """Find the op and Python line that produce the first NaN/Inf in TARGET's next calls.
-
-    COST: each call runs under torch.autograd anomaly mode (every autograd node records its
-    Python stack) and every operator's output is checked for NaN/Inf until the first one: calls
-    get several times slower (measured: docs/commands-torch-grads.md). Anomaly mode is
-    PROCESS-WIDE: other threads pay for it too while a call runs. It is restored exactly as it
-    was when each call ends (also on timeout, Ctrl-C, disconnect and detach). Unlike
-    detect_anomaly, nothing is raised into the program.
-
-    \b
-    torch anomaly __main__ train_step -n 1
-    torch anomaly mypkg.trainer Trainer step -n 5 --timeout 120
-    """
-    args: dict[str, Any] = {"target": target_args(target), "calls": calls, "timeout": timeout}
-    return AgentRequest("torch anomaly", args, render_anomaly, render_progress)

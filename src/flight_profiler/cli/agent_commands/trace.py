@@ -5,16 +5,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
 from flight_profiler.cli.agent_commands.watch import (
     Spinner,
-    check_expression,
     stamp,
     summary,
 )
-from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.report.units import fmt_ms
 
 if TYPE_CHECKING:
@@ -105,41 +100,3 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
         console.print(summary(data, "trace"), highlight=False, soft_wrap=True)
 
     return render_event, render_result
-
-
-@click.command(name="trace", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("words", nargs=-1, required=True, metavar="MODULE [CLASS] METHOD")
-@click.option("-i", "--min-ms", type=FiniteFloatRange(0), default=0.1, show_default=True,
-              help="Hide subtrees faster than this many ms (summarised as one line with a count).")
-@click.option("-d", "--depth", type=click.IntRange(0), default=0,
-              help="Show at most this many levels below the traced call (0: all).")
-@click.option("-n", "--count", type=click.IntRange(1), default=1, show_default=True,
-              help="Stop after COUNT matching calls.")
-@click.option("-f", "--filter", "condition", metavar="CONDITION",
-              help="Only calls where this expression is true (names as in watch: params, kwargs, "
-                   "target, return_obj, throw_exp, cost).")
-@click.option("--timeout", type=FiniteFloatRange(0, min_open=True), metavar="S",
-              help="Stop after S seconds.")
-@click.option("--c-calls", is_flag=True,
-              help="Include C functions (builtins, torch ops such as torch._C._nn.linear).")
-@click.option("-nm", "--nested", metavar="NAME",
-              help="Trace the function NAME defined inside METHOD.")
-def trace(words: tuple[str, ...], min_ms: float, depth: int, count: int, condition: str | None,
-          timeout: float | None, c_calls: bool, nested: str | None) -> AgentRequest:
-    """Trace MODULE [CLASS] METHOD: the call tree below each call, with inclusive times.
-
-    \b
-    Examples:
-      trace __main__ Trainer train_step
-      trace __main__ Trainer train_step -i 1 -d 4 --c-calls
-      trace mypkg.model Model forward -f 'cost > 100' -n 3
-    Only the traced thread pays, and only while the traced call runs.
-    """
-    if condition:
-        check_expression(condition, "-f")
-    args = {
-        "target": target_args(words, nested), "min_ms": min_ms, "depth": depth, "count": count,
-        "filter": condition or "", "timeout": timeout or 0, "c_calls": c_calls,
-    }
-    render_event, render_result = make_renderers(Spinner())
-    return AgentRequest("trace", args, render_result, render_event)

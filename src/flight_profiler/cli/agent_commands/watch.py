@@ -5,45 +5,11 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from flight_profiler.cli.agent_commands.base import AgentRequest, target_args
-from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.report.units import fmt_ms
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.status import Status
-
-EXPR_NAMES = "params (or args), kwargs, return_obj, throw_exp, target, cost (ms)"
-
-
-def check_expression(text: str, option: str) -> None:
-    """Reject a malformed expression before attaching (syntax only: nothing is evaluated)."""
-    from flight_profiler.agent.limits import expression_problem
-    from flight_profiler.errors import UsageError
-
-    problem = expression_problem(text)  # first: compiling a huge or deep one is the harm
-    if problem:
-        raise UsageError(f"{option}: {problem}", "shorten or simplify it")
-    try:
-        compile(text, f"<{option}>", "eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise UsageError(
-            f"invalid {option} expression {_short(text)}: {getattr(exc, 'msg', None) or exc}",
-            f"{option} takes Python expressions over {EXPR_NAMES}",
-        ) from None
-
-
-def _short(text: str) -> str:
-    return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
-
-
-def split_exprs(text: str) -> list[str]:
-    from flight_profiler.agent.expressions import split_top_level
-
-    return split_top_level(text)
-
 
 class Spinner:
     """A live 'waiting' line between events (terminal only); paused while an event prints."""
@@ -149,52 +115,3 @@ def summary(data: dict[str, Any], what: str) -> str:
     if data.get("skipped_already_profiled"):
         text += f", {data['skipped_already_profiled']} skipped (thread already profiled)"
     return text + "; hooks removed"
-
-
-@click.command(name="watch", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("words", nargs=-1, required=True, metavar="MODULE [CLASS] METHOD")
-@click.option("--expr", "expr", metavar="EXPRS",
-              help=f"Comma list of what to show, over {EXPR_NAMES}, or any Python expression of "
-                   "them, e.g. --expr 'params[0].shape, cost'. Default: params, return_obj, cost.")
-@click.option("-f", "--filter", "condition", metavar="CONDITION",
-              help="Only calls where this expression is true, e.g. -f 'cost > 10' or "
-                   "-f 'params[0] == 3'. A filter on params/kwargs/target only is decided "
-                   "before the call and is the cheapest.")
-@click.option("-e", "--exceptions", is_flag=True, help="Only calls that raised.")
-@click.option("-x", "--expand", type=click.IntRange(0, 8), default=1, show_default=True,
-              help="Depth to which containers and objects are expanded.")
-@click.option("-n", "--count", type=click.IntRange(1), metavar="COUNT",
-              help="Stop after COUNT matching calls (calls the filter rejects do not count).")
-@click.option("--timeout", type=FiniteFloatRange(0, min_open=True), metavar="S",
-              help="Stop after S seconds.")
-@click.option("-nm", "--nested", metavar="NAME",
-              help="Watch the function NAME defined inside METHOD (dotted for deeper).")
-def watch(words: tuple[str, ...], expr: str | None, condition: str | None, exceptions: bool,
-          expand: int, count: int | None, timeout: float | None, nested: str | None) -> AgentRequest:
-    """Watch calls of MODULE [CLASS] METHOD: arguments, return value, exception, cost.
-
-    \b
-    Examples:
-      watch __main__ Trainer train_step -n 3
-      watch __main__ train_step --expr 'params[0].shape, cost' -f 'cost > 50'
-      watch mypkg.data Loader __next__ -e
-    Stops at -n, --timeout or Ctrl-C; the hook is removed in every case.
-    """
-    if expr:
-        from flight_profiler.agent.limits import MAX_EXPRESSIONS
-        from flight_profiler.errors import UsageError
-
-        parts = split_exprs(expr)
-        if len(parts) > MAX_EXPRESSIONS:
-            raise UsageError(f"--expr: {len(parts)} expressions (limit {MAX_EXPRESSIONS})",
-                             "watch fewer expressions at once")
-        for part in parts:
-            check_expression(part, "--expr")
-    if condition:
-        check_expression(condition, "-f")
-    args = {
-        "target": target_args(words, nested), "expr": expr or "", "filter": condition or "",
-        "exceptions": exceptions, "expand": expand, "count": count or 0, "timeout": timeout or 0,
-    }
-    render_event, render_result = make_renderers(Spinner())
-    return AgentRequest("watch", args, render_result, render_event)

@@ -1,0 +1,72 @@
+"""Run one request on a session and show its answers (human or JSON): the one-shot `--cmd`,
+the shell and `--all-ranks` all print through here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from flight_profiler.cli.agent_commands import rendering
+from flight_profiler.client import RequestInterrupted
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from flight_profiler.api import Session
+    from flight_profiler.requests import AgentRequest
+
+_console: Console | None = None
+
+
+def console() -> Console:
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        _console = Console()
+    return _console
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
+    """Run one parsed request on ``session`` and render it. Returns False if interrupted.
+
+    Ctrl-C during a stream sends ``cancel``: the agent removes the request's hooks and sends its
+    final result, which is still rendered.
+    """
+    shown = rendering(req.cmd)
+    if as_json:
+        def on_event(data: dict[str, Any]) -> None:
+            print_json({"event": data})
+    else:
+        render_event = shown.event
+
+        def on_event(data: dict[str, Any]) -> None:
+            if render_event is not None:
+                render_event(data, console())
+            else:
+                console().print_json(json.dumps(data, default=str))
+
+    def say_cancelling() -> None:
+        sys.stderr.write("interrupted: cancelling (the agent removes its hooks)...\n")
+
+    try:
+        result = session.execute(req, on_event, on_cancel=say_cancelling)
+    except RequestInterrupted as stopped:
+        if stopped.error is not None:
+            raise stopped.error from None
+        if stopped.result is None:
+            return False
+        result, interrupted = stopped.result, True
+    else:
+        interrupted = False
+    if as_json:
+        print_json(result)
+    else:
+        shown.result(result, console())
+    return not interrupted

@@ -1,0 +1,112 @@
+"""What every diagnose phase shares: the :class:`Run` (driver, options, progress and what
+earlier phases learnt), and how a phase says it cannot run (:class:`Skip`).
+
+Kept apart from workflow.py (the phases and their order) so that phase modules such as
+training.py import it without importing the workflow that imports them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from flight_profiler.diagnose.driver import Driver
+from flight_profiler.diagnose.model import DiagnoseOptions, PhaseResult
+from flight_profiler.diagnose.progress import Progress
+from flight_profiler.errors import FlightProfilerError
+from flight_profiler.requests import AgentRequest
+
+# The driver cancels a command this long after the limit the command itself was given.
+BACKSTOP_S = 15.0
+
+
+def calls_seen(event: dict[str, Any], seen: int) -> int:
+    """Calls observed so far, from a streamed event (watch/trace: one per call; torch commands:
+    progress events carrying ``calls_done``)."""
+    done = event.get("calls_done")
+    if isinstance(done, int) and not isinstance(done, bool):
+        return done
+    if event.get("type") in ("call", "trace"):
+        return seen + 1
+    return seen
+
+
+class Skip(Exception):
+    """The phase cannot run here; the message says why (shown as the reason)."""
+
+
+class TargetUnusable(Exception):
+    """The method cannot be hooked at all (typo, not found): the diagnosis stops here."""
+
+    def __init__(self, error: FlightProfilerError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass
+class Run:
+    """What the phases share: the driver, options, progress and what earlier phases learnt."""
+
+    driver: Driver
+    options: DiagnoseOptions
+    progress: Progress
+    torch_imported: bool | None = None
+    cuda: bool | None = None
+    method_called: bool | None = None  # None: no method given or not checked yet
+    census_before_at: float = 0.0
+    watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
+
+    def path(self, name: str) -> str:
+        """An artefact's path (the request's line quotes it if it needs quoting)."""
+        return os.path.join(self.options.out_dir, name)
+
+    def words(self) -> list[str]:
+        """The method as the commands take it: ``module [class] method``."""
+        assert self.options.target is not None
+        return self.options.target.words.split()
+
+    def command(self, phase: PhaseResult, request: AgentRequest, timeout: float | None = None,
+                expect_calls: int | None = None) -> dict[str, Any]:
+        """Run ``request`` for ``phase``, showing what it waits for.
+
+        Commands that wait for calls get ``--timeout`` themselves (the agent then stops cleanly
+        and says how many calls it saw); the driver's own deadline is only a backstop for an
+        agent that does not answer at all.
+        """
+        phase.command = request.line
+        target = self.options.target
+        seen = [0]
+        if expect_calls and target is not None:
+            self.progress.waiting(f"waiting for {target.label} to be called: 0 of {expect_calls} calls")
+
+        def on_event(data: dict[str, Any]) -> None:
+            seen[0] = calls_seen(data, seen[0])
+            phase.data.setdefault("events", []).append(data)
+            if expect_calls and target is not None:
+                if seen[0] >= expect_calls:
+                    self.progress.waiting(f"{expect_calls} of {expect_calls} calls seen; the "
+                                          "agent is finishing (writing its files)")
+                else:
+                    self.progress.waiting(f"waiting for {target.label} to be called: "
+                                          f"{seen[0]} of {expect_calls} calls")
+
+        limit = self.options.timeout if timeout is None else timeout
+        return self.driver.run(request, on_event, limit + BACKSTOP_S)
+
+    def require_torch(self) -> None:
+        if self.torch_imported is False:
+            raise Skip("the target has not imported torch")
+
+    def require_method(self) -> None:
+        if self.options.target is None:
+            raise Skip("no method given (pass `module [class] method` to observe its calls)")
+        if self.method_called is False:
+            raise Skip(f"{self.options.target.label} was not called within "
+                       f"{self.options.timeout:g}s")
+
+
+def expect_file(phase: PhaseResult, path: str) -> None:
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        raise FlightProfilerError(f"the agent reported success but {path} is missing or empty")
+    phase.files.append(path)

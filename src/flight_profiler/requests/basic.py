@@ -1,0 +1,30 @@
+"""Builders of the commands that hook nothing: `status`, `stack`, `detach`, `torch fr`,
+`torch dataloader`."""
+
+from __future__ import annotations
+
+from flight_profiler.requests.base import AgentRequest, Line
+
+
+def status() -> AgentRequest:
+    return AgentRequest("status", {}, "status")
+
+
+def stack(show_all: bool = False, limit: int | None = None) -> AgentRequest:
+    """Every thread's Python stack; ``limit`` frames per thread (default 200)."""
+    args = {"all": show_all, "limit": 200 if limit is None else limit}
+    return AgentRequest("stack", args, str(Line("stack").flag("--all", show_all).option("--limit", limit)))
+
+
+def detach() -> AgentRequest:
+    return AgentRequest("detach", {}, "detach")
+
+
+def fr() -> AgentRequest:
+    return AgentRequest("torch fr", {}, "torch fr")
+
+
+def dataloader(sample: float | None = None) -> AgentRequest:
+    """``sample`` seconds of stack sampling (default 1; 0: none)."""
+    args = {"sample": 1.0 if sample is None else sample}
+    return AgentRequest("torch dataloader", args, str(Line("torch dataloader").option("--sample", sample)))
