@@ -85,13 +85,16 @@ def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
     """``samples`` stack samples per rank, ``gap`` seconds apart, in parallel; one file per rank."""
     from flight_profiler.attach.multirank import run_on_ranks
     from flight_profiler.report.rank_stacks import stacks_document
+    from flight_profiler.requests import basic
+
+    stack_request = basic.stack(progress=True)
 
     def work(session: Session) -> dict[str, Any]:
         taken = []
         for i in range(samples):
             if i:
                 time.sleep(gap)
-            res = session.request("stack", {"all": False, "limit": 200, "progress": True})
+            res = session.execute(stack_request)
             res["time"] = time.time()
             taken.append(res)
         return {"samples": taken, "flight_recorder": flight_recorder(session)}

@@ -10,10 +10,14 @@ def status() -> AgentRequest:
     return AgentRequest("status", {}, "status")
 
 
-def stack(show_all: bool = False, limit: int | None = None) -> AgentRequest:
-    """Every thread's Python stack; ``limit`` frames per thread (default 200)."""
-    args = {"all": show_all, "limit": 200 if limit is None else limit}
-    return AgentRequest("stack", args, str(Line("stack").flag("--all", show_all).option("--limit", limit)))
+def stack(show_all: bool = False, limit: int | None = None, progress: bool = False) -> AgentRequest:
+    """Every thread's Python stack; ``limit`` frames per thread (default 200); ``progress``:
+    each thread's kernel counters too (context switches, CPU ticks)."""
+    args: dict[str, object] = {"all": show_all, "limit": 200 if limit is None else limit}
+    if progress:
+        args["progress"] = True
+    return AgentRequest("stack", args, str(Line("stack").flag("--all", show_all).option("--limit", limit)
+                                           .flag("--progress", progress)))
 
 
 def detach() -> AgentRequest:

@@ -44,6 +44,9 @@ def status(ctx: click.Context, /, **_: Any) -> AgentRequest:
               help="Also show the agent's own threads.")
 @click.option("--limit", type=click.IntRange(1, 10000), default=200, show_default=True,
               help="At most this many frames per thread (innermost kept).")
+@click.option("--progress", is_flag=True,
+              help="Also each thread's context switches and CPU time from the kernel: two "
+                   "stacks alike with rising switches are a loop passing the same line, not a hang.")
 @click.pass_context
 def stack(ctx: click.Context, /, **_: Any) -> AgentRequest:
     """Python stacks of all threads, innermost frame last."""

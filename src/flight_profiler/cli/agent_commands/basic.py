@@ -43,6 +43,9 @@ def render_stack(data: dict[str, Any], console: Console) -> None:
                                 ("agent", thread.get("agent"))) if on]
         native = thread.get("native_id")
         head = f"Thread {thread.get('name')!s}" + (f" (tid {native})" if native else "")
+        progress = thread.get("progress")
+        if isinstance(progress, dict):
+            head += f", {progress.get('switches')} context switches, {progress.get('cpu_ticks')} CPU ticks"
         suffix = escape(f" [{', '.join(tags)}]") if tags else ""
         console.print(f"[bold]{escape(head)}[/bold]{suffix}", highlight=False)
         for frame in thread.get("frames", []):
