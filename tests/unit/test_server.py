@@ -200,8 +200,12 @@ def test_detach_removes_hooks_closes_socket_and_other_clients(agent: str) -> Non
     with pytest.raises(AgentLost):
         other.request("status")
     other.close()
-    assert not any(t.name.startswith(server.THREAD_PREFIX) and t.is_alive()
-                   for t in threading.enumerate() if t.name.endswith("server"))
+    # the server thread ends on its own after the detach; on a loaded machine it may take a moment
+    deadline = time.monotonic() + 10
+    while any(t.name.startswith(server.THREAD_PREFIX) and t.is_alive()
+              for t in threading.enumerate() if t.name.endswith("server")):
+        assert time.monotonic() < deadline, "the server thread outlived the detach by 10 s"
+        time.sleep(0.01)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second user")

@@ -19,11 +19,11 @@ from flight_profiler.requests import basic, hooks, torch
 from flight_profiler.requests.base import AgentRequest
 
 if TYPE_CHECKING:
-    from flight_profiler.requests.grammar import COMMANDS, SUMMARIES, HelpShown, help_text, parse
+    from flight_profiler.requests.grammar import COMMANDS, HelpShown, help_text, parse, summary
 
 # The grammar needs click: imported on first use, so that `import flight_profiler.api` and the
 # builders stay as cheap as they were (click costs ~15 ms).
-_GRAMMAR = {"COMMANDS", "SUMMARIES", "HelpShown", "help_text", "parse"}
+_GRAMMAR = {"COMMANDS", "HelpShown", "help_text", "parse", "summary"}
 
 
 def __getattr__(name: str) -> Any:
@@ -34,5 +34,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["COMMANDS", "SUMMARIES", "AgentRequest", "HelpShown", "basic", "help_text", "hooks",
-           "parse", "torch"]
+__all__ = ["COMMANDS", "AgentRequest", "HelpShown", "basic", "help_text", "hooks",
+           "parse", "summary", "torch"]

@@ -56,14 +56,19 @@ def stack(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.command(name="detach", context_settings={"help_option_names": ["-h", "--help"]})
 @click.pass_context
 def detach(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Remove all instrumentation and stop the agent (a later attach injects afresh)."""
+    """Remove all instrumentation and stop the agent.
+
+    A later attach injects afresh.
+    """
     return basic.detach()
 
 
 @click.command("torch fr", context_settings={"help_option_names": ["-h", "--help"]})
 @click.pass_context
 def fr(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Flight Recorder: the last collectives of each process group (needs TORCH_FR_BUFFER_SIZE).
+    """Flight Recorder: the last collectives of each process group.
+
+    Needs a job started with TORCH_FR_BUFFER_SIZE.
 
     \b
     With --all-ranks, the rank whose sequence id is lower than the others' is behind.
@@ -91,7 +96,9 @@ def fr(ctx: click.Context, /, **_: Any) -> AgentRequest:
               help="Watch the function NAME defined inside METHOD (dotted for deeper).")
 @click.pass_context
 def watch(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Watch calls of MODULE [CLASS] METHOD: arguments, return value, exception, cost.
+    """Each call of MODULE [CLASS] METHOD: args, return, cost.
+
+    Arguments, return value, exception and cost of each call, live.
 
     \b
     Examples:
@@ -122,7 +129,9 @@ def watch(ctx: click.Context, /, **_: Any) -> AgentRequest:
               help="Trace the function NAME defined inside METHOD.")
 @click.pass_context
 def trace(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Trace MODULE [CLASS] METHOD: the call tree below each call, with inclusive times.
+    """The call tree below MODULE [CLASS] METHOD, timed.
+
+    The call tree below each call, with inclusive times.
 
     \b
     Examples:
@@ -146,7 +155,9 @@ def trace(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--label", default="", help="Label stored in the file.")
 @click.pass_context
 def memory(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Allocator state; -s snapshot; -r record a method's allocations; --record-history on|off.
+    """Allocator state; -s snapshot; -r record a method.
+
+    -r records a method's allocations; --record-history on|off.
 
     \b
     torch memory                         per-device allocated/reserved/peak, RSS, live tensors
@@ -167,7 +178,9 @@ def memory(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--budget", type=FiniteFloatRange(0.1), default=5.0, show_default=True, help="Time budget in seconds.")
 @click.pass_context
 def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Census of live tensors and who holds them (leak finder); --diff PREVIOUS.json for growth.
+    """Live tensors and who holds them (leak finder).
+
+    --diff PREVIOUS.json for growth.
 
     \b
     torch tensors -f before.json
@@ -193,7 +206,9 @@ def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--label", default="", help="Trace name (and TensorBoard run name).")
 @click.pass_context
 def profile(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Profile a method's next calls (or all threads for --duration) to a Chrome trace.
+    """A method's next calls (or a window) to a Chrome trace.
+
+    Profiles a method's next calls, or all threads for --duration.
 
     \b
     torch profile __main__ train_step -n 3 --with-stack
@@ -208,9 +223,11 @@ def profile(ctx: click.Context, /, **_: Any) -> AgentRequest:
               help="Seconds of stack sampling to see what each thread waits on (0: none).")
 @click.pass_context
 def dataloader(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """DataLoaders alive in the target: dataset and length, batch_size, num_workers, pin_memory,
-    prefetch_factor, persistent_workers; each worker's pid, state, CPU and RSS; batches in
-    flight; and what the training loop is waiting on (sampled stacks).
+    """Live DataLoaders: settings, workers, what the loop waits on.
+
+    Each DataLoader alive in the target: dataset and length, batch_size, num_workers,
+    pin_memory, prefetch_factor, persistent_workers; each worker's pid, state, CPU and RSS;
+    batches in flight; and what the training loop is waiting on (sampled stacks).
 
     \b
     torch dataloader
@@ -250,7 +267,9 @@ def grads(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--timeout", type=click.FloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
 @click.pass_context
 def anomaly(ctx: click.Context, /, **_: Any) -> AgentRequest:
-    """Find the op and Python line that produce the first NaN/Inf in TARGET's next calls.
+    """The op and Python line of the first NaN/Inf (costly).
+
+    Finds them in TARGET's next calls, under anomaly mode.
 
     COST: each call runs under torch.autograd anomaly mode (every autograd node records its
     Python stack) and every operator's output is checked for NaN/Inf until the first one: calls

@@ -31,20 +31,9 @@ COMMANDS: dict[str, str] = {
     "torch anomaly": "anomaly",
 }
 
-SUMMARIES: dict[str, str] = {
-    "status": "agent, interpreter, torch/CUDA and active instrumentation",
-    "stack": "Python stacks of all threads",
-    "detach": "remove all instrumentation and stop the agent",
-    "watch": "watch calls of module [class] method: args, return, cost, exceptions",
-    "trace": "call tree below module [class] method with inclusive times",
-    "torch memory": "allocator state; -s snapshot; -r record a method's allocations",
-    "torch tensors": "census of live tensors and who holds them; --diff for growth",
-    "torch profile": "profile a method's next calls, or a time window, to a Chrome trace",
-    "torch fr": "Flight Recorder: last collectives per process group (distributed jobs)",
-    "torch dataloader": "live DataLoaders: settings, workers, batches in flight, what the loop waits on",
-    "torch grads": "gradient/weight health per parameter; zero_grad, NaN, exploding norms",
-    "torch anomaly": "first NaN/Inf: the op and Python line (anomaly mode; costly)",
-}
+def summary(name: str) -> str:
+    """The command's one-line summary: the first sentence of its own docstring (one source)."""
+    return load(name).get_short_help_str(limit=100).rstrip(".")
 
 
 class HelpShown(Exception):
@@ -80,7 +69,7 @@ def help_text(topic: str | None = None) -> str:
             names = [n for n in COMMANDS if n.startswith("torch ")]
             width = max(len(n) for n in names)
             return "\n".join(["torch commands (`help torch memory` etc. for details):"]
-                             + [f"  {n.ljust(width)}  {SUMMARIES.get(n, '')}" for n in names])
+                             + [f"  {n.ljust(width)}  {summary(n)}" for n in names])
         if topic not in COMMANDS:
             raise UsageError(f"no command {topic!r}", "type `help` for the list")
         command = load(topic)
@@ -89,7 +78,7 @@ def help_text(topic: str | None = None) -> str:
     width = max(len(name) for name in COMMANDS)
     lines = ["Commands (`help CMD` or `CMD --help` for details):"]
     for name in COMMANDS:
-        lines.append(f"  {name.ljust(width)}  {SUMMARIES.get(name, '')}")
+        lines.append(f"  {name.ljust(width)}  {summary(name)}")
     lines.append(f"  {'help'.ljust(width)}  this list")
     lines.append(f"  {'quit'.ljust(width)}  leave the shell (the agent stays until `detach`)")
     return "\n".join(lines)
