@@ -20,7 +20,7 @@ from flight_profiler.agent import protocol
 from flight_profiler.api import connect
 from flight_profiler.errors import UsageError
 from flight_profiler.requests import parse
-from support import PYTHONS, Target, spawn
+from support import PYTHONS, Target, spawn, temp_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -101,7 +101,7 @@ def test_root_refuses_a_lock_symlink_planted_by_the_targets_user(users_target) -
     pid = users_target.pid
     private = protocol.socket_dir(USER)
     as_user(f"import os\ntry:\n    os.mkdir({private!r}, 0o700)\nexcept FileExistsError:\n    pass\n")
-    victim_dir = Path(tempfile.mkdtemp(prefix="fp-victim-"))  # root-only, like /etc
+    victim_dir = temp_dir("fp-victim-")  # root-only, like /etc
     victim = victim_dir / "nologin"
     lock = os.path.join(private, protocol.lock_name(pid, protocol.pid_namespace(pid)))
     try:

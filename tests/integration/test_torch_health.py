@@ -15,14 +15,13 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import Target, spawn, torch_available
+from support import Target, spawn, temp_dir, torch_available
 
 pytestmark = [
     pytest.mark.integration,
@@ -81,7 +80,7 @@ main()
 
 class Job:
     def __init__(self, workdir: Path) -> None:
-        self.stop_file = Path(tempfile.mkdtemp(prefix="fp-stop-")) / "stop"
+        self.stop_file = temp_dir("fp-stop-") / "stop"
         self.workdir = workdir
         self.target: Target = spawn(TRAINER, args=(str(self.stop_file),), timeout=60)
         self.pid = self.target.pid

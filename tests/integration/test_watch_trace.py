@@ -13,16 +13,14 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flight_profiler.api import Session, connect
-from support import PYTHONS, Target, spawn
+from support import PYTHONS, Target, spawn, temp_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -188,7 +186,7 @@ print("EXIT", state["mismatches"], flush=True)
 
 class WatchTarget:
     def __init__(self, python: str) -> None:
-        self.ctl = Path(tempfile.mkdtemp(prefix="fp-ctl-")) / "ctl"
+        self.ctl = temp_dir("fp-ctl-") / "ctl"
         self.target: Target = spawn(TARGET, python=python, args=(str(self.ctl),))
         self.pid = self.target.pid
         self.asked = 0

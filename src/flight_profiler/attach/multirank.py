@@ -71,9 +71,10 @@ def _attempt(target: ProcInfo, work: Callable[[Session], dict[str, Any]], timeou
         return RankResult(target.rank, target.pid, False, error=exc.to_dict(),
                           seconds=time.monotonic() - started)
     except Exception as exc:
-        return RankResult(target.rank, target.pid, False,
-                          error={"kind": "failed", "message": f"{type(exc).__name__}: {exc}",
-                                 "hint": "", "exit_code": 1},
+        # a bug of ours on one rank must not lose the others' results: reported as that rank's
+        unexpected = FlightProfilerError(f"{type(exc).__name__}: {exc}",
+                                         "a bug in flight_profiler: please report it with this line")
+        return RankResult(target.rank, target.pid, False, error=unexpected.to_dict(),
                           seconds=time.monotonic() - started)
 
 
