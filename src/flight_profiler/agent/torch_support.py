@@ -128,10 +128,26 @@ def write_json(path: str, obj: Any) -> int:
     return write_atomic(path, write)
 
 
+_WRITE_BLOCK = 1 << 20
+
+
 def _dump_json(obj: Any, f: IO[bytes] | gzip.GzipFile) -> None:
+    # iterencode yields a chunk per token; each write (zlib, the file) releases the GIL, and a
+    # busy target thread then keeps it for a whole switch interval: written one by one, a
+    # 20,000-event trace took 4x longer with the target busy. Blocks of ~1 MB keep memory
+    # bounded and the hand-offs few.
     encoder = json.JSONEncoder(separators=(",", ":"), default=str)
+    block: list[str] = []
+    size = 0
     for chunk in encoder.iterencode(obj):
-        f.write(chunk.encode("utf-8"))
+        block.append(chunk)
+        size += len(chunk)
+        if size >= _WRITE_BLOCK:
+            f.write("".join(block).encode("utf-8"))
+            block.clear()
+            size = 0
+    if block:
+        f.write("".join(block).encode("utf-8"))
 
 
 def plain(obj: Any, depth: int = 0) -> Any:
