@@ -286,6 +286,30 @@ def _wait_for_agent(target: TargetInfo, where: _Where, deadline: float, injectio
                         "this attach has given up); retry later or raise --timeout")
 
 
+def _thread_state(pid: int, tid: str | None) -> str:
+    """What the agent's native thread is doing now, read from /proc (not guessed)."""
+    if tid is None:
+        return "was not identified (waiting for the GIL, which another thread holds?)"
+    task = f"/proc/{pid}/task/{tid}"
+    try:
+        with open(f"{task}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return f"(tid {tid}) has ended without starting the agent"
+    state = stat[stat.rindex(")") + 2:].split()[0]
+    what = {"R": "is running", "S": "is sleeping", "D": "is in uninterruptible I/O"}.get(
+        state, f"is in state {state}")
+    try:
+        with open(f"{task}/wchan") as fh:
+            wchan = fh.read().strip()
+    except OSError:
+        wchan = ""
+    where = f" in {wchan}" if wchan and wchan != "0" else ""
+    gil = " (a futex: most likely waiting for the GIL, which another thread holds)" \
+        if "futex" in wchan else ""
+    return f"(tid {tid}) {what}{where}{gil}"
+
+
 def _explain_timeout(pid: int, injection: Injection) -> str:
     """Say why the agent did not come up, as precisely as the injector's observations allow."""
     base = f"the agent did not come up in process {pid} in time"
@@ -297,8 +321,8 @@ def _explain_timeout(pid: int, injection: Injection) -> str:
         return (f"{base}: {outcome.helper_error}, and the pending call queued instead was not "
                 f"run (main thread {state})")
     if outcome.method == "thread":
-        return (f"{base}: its thread is waiting for the GIL, which another thread holds "
-                f"(a long C call?); main thread {state}")
+        seen = _thread_state(pid, outcome.values.get("agent_tid"))
+        return (f"{base}: the thread started for it {seen}; main thread {state}")
     if outcome.syscall is not None and outcome.syscall < 0 and outcome.holds_gil is False:
         return (f"{base}: the main thread is in native code without the GIL; the agent runs "
                 "only when Python code runs again")

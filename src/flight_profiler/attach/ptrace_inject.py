@@ -148,6 +148,13 @@ def resolve_functions(target: TargetInfo) -> dict[str, int]:
     return funcs
 
 
+def _tasks(pid: int) -> set[int]:
+    try:
+        return {int(n) for n in os.listdir(f"/proc/{pid}/task")}
+    except OSError:
+        return set()
+
+
 def inject(target: TargetInfo, foreign_text: str, pending_text: str,
            say: Callable[[str], None] = lambda s: None, call_timeout: float = 5.0) -> Outcome:
     """Run the recipe once. Does not wait for the agent."""
@@ -210,10 +217,15 @@ def _borrow(t: ptrace.Tracee, target: TargetInfo, funcs: dict[str, int], size: i
     t.write(base, build_region(base, funcs, foreign_text, pending_text))
     table = base + TABLE_OFF
     if outcome.syscall >= 0 and not outcome.holds_gil:
+        before = _tasks(target.pid)
         ident = t.call(funcs["PyThread_start_new_thread"], base + THREAD_OFF, table,
                        timeout=timeout)
         if ident not in (0, (1 << 64) - 1):
             outcome.method = "thread"
+            # its tid, so that a timeout can say what that thread is doing instead of guessing
+            new = sorted(_tasks(target.pid) - before)
+            if len(new) == 1:
+                outcome.values["agent_tid"] = str(new[0])
         else:
             outcome.helper_error = "PyThread_start_new_thread failed in the target"
     if outcome.method == "none":
