@@ -27,7 +27,6 @@ from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any, Callable
 
 from flight_profiler.agent import protocol
-from flight_profiler.attach import cleanup
 from flight_profiler.attach.agent_dir import AgentDir
 from flight_profiler.client import (
     CANCEL_GRACE,
@@ -196,6 +195,8 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
         process.check_permissions(pid)
         lock = protocol.lock_name(target.ns_pid, target.pid_ns)
         with directory.lock(lock, time.monotonic() + timeout, f"process {pid}"):
+            from flight_profiler.attach import cleanup  # only on the way to an injection
+
             for name in cleanup.sweep(directory):
                 say(f"removed {name} (left by a process that has exited)")
             # another CLI may have attached while we waited for the lock

@@ -16,11 +16,11 @@ from typing import Callable
 
 from flight_profiler.agent import protocol
 from flight_profiler.attach import remote_exec
+from flight_profiler.attach.methods import METHODS
 from flight_profiler.attach.outcome import Outcome
 from flight_profiler.attach.process import TargetInfo
 from flight_profiler.errors import AttachFailed, UsageError, gdb_missing, pyrasite_missing
 
-METHODS = ("auto", "ptrace", "remote_exec", "gdb", "pyrasite")
 _BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "agent", "bootstrap.py")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from flight_profiler.attach.inject import METHODS
+from flight_profiler.attach.methods import METHODS
 from flight_profiler.cli.params import FiniteFloatRange
 from flight_profiler.cli.runner import console, execute, print_json
 from flight_profiler.errors import FlightProfilerError, Interrupted
