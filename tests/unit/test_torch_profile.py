@@ -70,6 +70,48 @@ def test_rank_comes_from_the_environment(work, tmp_path, monkeypatch):
     assert trace["distributedInfo"]["rank"] == 3 and trace["traceName"] == "step-trace"
 
 
+def test_a_trace_too_big_to_parse_in_the_target_is_copied_as_exported(work, tmp_path, monkeypatch):
+    # GIVEN one profiler session (a window, or one call) whose export is above the parse limit
+    # (lowered here): no json.load inside the target
+    parsed = profile_method(work, {"calls": 1, "path": str(tmp_path / "small.json.gz")})[0]
+    monkeypatch.setattr(trace_tools, "PARSE_LIMIT_BYTES", 0)
+    monkeypatch.setenv("RANK", "2")
+    loads = []
+    real_load = json.load
+    monkeypatch.setattr(trace_tools.json, "load", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    path = tmp_path / "big.pt.trace.json.gz"
+    result, _ = profile_method(work, {"calls": 1, "path": str(path), "label": "big-one"})
+    assert loads == []
+    monkeypatch.undo()  # json.load is the module's own: give it back before reading the file
+    # THEN the file is still a whole trace that HTA and report read, with the keys spliced in
+    trace = load_trace(path)
+    assert trace["traceName"] == "big-one" and trace["distributedInfo"] == {"rank": 2}
+    assert {"aten::addmm", "aten::mm"} <= {e["name"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert result["size"] == path.stat().st_size
+    # and the result says why there is no operator table, instead of an empty one
+    assert result["top_ops"] is None and "flight_profiler report" in result["note"]
+    assert parsed["top_ops"]["rows"]
+    assert hooks.active() == []
+
+
+def test_a_spliced_export_keeps_its_own_distributed_info(tmp_path, monkeypatch):
+    src = tmp_path / "export.json"
+    src.write_text('{\n  "schemaVersion": 1,\n  "distributedInfo": {"backend": "gloo", "rank": 5},'
+                   '\n  "traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}]\n}')
+    out = tmp_path / "out.json"
+    assert trace_tools.copy_unparsed(str(src), str(out), "t") == out.stat().st_size
+    doc = json.loads(out.read_text())
+    assert doc["distributedInfo"] == {"backend": "gloo", "rank": 5} and doc["traceName"] == "t"
+    # a closing brace alone in the last block, after a block boundary
+    monkeypatch.setattr(trace_tools, "_HEAD_BYTES", 16)
+    src.write_text('{"traceEvents": [{"ph": "X", "name": "b"}], "traceName": "torch"}' + "\n" * 40)
+    trace_tools.copy_unparsed(str(src), str(out), "ours")
+    doc = json.loads(out.read_text())
+    assert doc["traceName"] == "ours" and doc["traceEvents"] == [{"ph": "X", "name": "b"}]
+    (tmp_path / "list.json").write_text('[{"ph": "X"}]')  # not torch's shape: parse it instead
+    assert trace_tools.copy_unparsed(str(tmp_path / "list.json"), str(out), "t") is None
+
+
 def test_schedule_annotates_profiler_steps(work, tmp_path):
     path = tmp_path / "s.json"
     result, _ = profile_method(work, {"schedule": [1, 1, 2], "path": str(path)})

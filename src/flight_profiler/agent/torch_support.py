@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from .atomic import write_atomic
@@ -129,6 +129,21 @@ def write_json(path: str, obj: Any) -> int:
 
 
 _WRITE_BLOCK = 1 << 20
+
+
+def write_blocks(path: str, blocks: Iterable[bytes]) -> int:
+    """Bytes to ``path`` atomically, gzip-compressed when the name ends in .gz."""
+
+    def write(f: IO[bytes]) -> None:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as gz:
+                for block in blocks:
+                    gz.write(block)
+        else:
+            for block in blocks:
+                f.write(block)
+
+    return write_atomic(path, write)
 
 
 def _dump_json(obj: Any, f: IO[bytes] | gzip.GzipFile) -> None:

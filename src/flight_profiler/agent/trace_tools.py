@@ -1,9 +1,10 @@
 """Chrome traces from torch.profiler: finish them for the tools users open them in, and
 summarise their operators.
 
-``finish(prof, path, ...)``: export to a temp file next to ``path``, add ``distributedInfo``
+``export(profs, path, ...)``: export to a temp file next to ``path``, add ``distributedInfo``
 (rank from $RANK, else 0) and ``traceName`` so that Holistic Trace Analysis loads CPU-only
-traces too, then write ``path`` atomically (gzip when it ends in .gz).
+traces too, then write ``path`` atomically (gzip when it ends in .gz). An export bigger than
+``PARSE_LIMIT_BYTES`` is not parsed in the target: the keys are spliced in and the bytes copied.
 ``top_ops(trace)``: self/total CPU time per ``cpu_op`` (self = duration minus direct children
 in the same thread) and CUDA time per kernel name, computed from the exported events rather
 than ``prof.key_averages()``, which crashed under with_stack once a DataLoader had been
@@ -16,15 +17,24 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
-from .torch_support import quiet_native_stderr, write_json
+from .torch_support import quiet_native_stderr, write_blocks, write_json
 
 SORT_KEYS = ("self_cpu", "cpu_total", "self_cuda", "count")
 
 
-def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str, Any]]:
-    """(size written, trace dict) for stopped profiler sessions, merged into one trace.
+# Above this size an exported trace is not parsed inside the target: json.load takes about 10x
+# the file's size in Python objects, in the user's process. It is copied as it is (metadata
+# spliced in, gzip streamed in blocks), and its top operators are left to `report`.
+PARSE_LIMIT_BYTES = 48 << 20
+_HEAD_BYTES = 1 << 20
+
+
+def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str, Any] | None]:
+    """(size written, trace dict) for stopped profiler sessions, merged into one trace; the
+    trace dict is None when one session's export was too big to parse here (copied as is).
 
     Sessions of one process share the trace clock (baseTimeNanoseconds), so their events
     merge as they are; metadata events repeated by each session are kept once.
@@ -32,6 +42,7 @@ def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str,
     merged: dict[str, Any] | None = None
     seen_meta: set[str] = set()
     directory = os.path.dirname(path) or "."
+    single = len(profs) == 1
     while profs:
         prof = profs.pop(0)
         fd, tmp = tempfile.mkstemp(prefix=".fp-trace-", suffix=".json", dir=directory)
@@ -40,6 +51,10 @@ def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str,
             with quiet_native_stderr():
                 prof.export_chrome_trace(tmp)
             del prof
+            if single and os.path.getsize(tmp) > PARSE_LIMIT_BYTES:
+                copied = copy_unparsed(tmp, path, trace_name)
+                if copied is not None:
+                    return copied, None
             with open(tmp, "rb") as f:
                 trace = json.load(f)
         finally:
@@ -65,15 +80,55 @@ def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str,
     return finish_trace(merged, path, trace_name), merged
 
 
+def copy_unparsed(src: str, path: str, trace_name: str) -> int | None:
+    """Write the exported trace ``src`` to ``path`` without parsing it, copied in blocks, with
+    ``distributedInfo`` spliced in after the opening brace when the export has none, and
+    ``traceName`` before the closing one (torch writes its own, and the last key wins). None
+    when the file does not look like torch's export (then it is parsed instead)."""
+    with open(src, "rb") as f:
+        head = f.read(_HEAD_BYTES)
+        start = head.find(b"{")
+        if start < 0 or head[:start].strip() or head[start + 1:].lstrip()[:1] != b'"':
+            return None
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
+        if not f.read().rstrip().endswith(b"}"):
+            return None
+        f.seek(len(head))
+        first = b"{"
+        if b'"distributedInfo"' not in head:
+            first += b'"distributedInfo": ' + json.dumps({"rank": _rank()}).encode() + b","
+        last = b',"traceName": ' + json.dumps(trace_name).encode() + b"}"
+
+        def blocks() -> Iterator[bytes]:
+            pending = first + head[start + 1:]
+            while True:
+                block = f.read(_HEAD_BYTES)
+                if not block:
+                    break
+                if not block.strip():  # trailing blank lines stay with the closing brace
+                    pending += block
+                    continue
+                yield pending
+                pending = block
+            body = pending.rstrip()
+            yield body[:-1] + last  # body ends with the closing brace (checked above)
+
+        return write_blocks(path, blocks())
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def finish_trace(trace: dict[str, Any], path: str, trace_name: str) -> int:
     info = trace.get("distributedInfo")
     if not isinstance(info, dict):
         info = trace["distributedInfo"] = {}
     if "rank" not in info:
-        try:
-            info["rank"] = int(os.environ.get("RANK", "0"))
-        except ValueError:
-            info["rank"] = 0
+        info["rank"] = _rank()
     trace["traceName"] = trace_name
     return write_json(path, trace)
 

@@ -56,7 +56,14 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
         size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name))
     finally:
         del prof
-    table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
+    if trace is None:
+        table = None
+        earlier = f"{info['note']}; " if info.get("note") else ""
+        info["note"] = earlier + (f"the trace is {size / 2**20:.0f} MiB compressed: its top operators were not "
+                        "computed inside this process (parsing it here would take about 10x its "
+                        f"uncompressed size in memory); `flight_profiler report {path}` lists them")
+    else:
+        table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
     del trace
     return {**file_result(path, size), "mode": "window" if duration is not None else "method",
             "cuda": use_cuda, **info, "top_ops": table}

@@ -140,7 +140,10 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
         console.print(f"profiled {data.get('calls_recorded')} of {data.get('calls_requested')} calls of {data.get('target')}")
     if data.get("note"):
         console.print(f"[yellow]note:[/yellow] {data['note']}")
-    ops = data.get("top_ops") or {}
+    ops = data.get("top_ops")
+    if not ops:  # a trace too big to summarise inside the target (the note says so)
+        console.print("open the trace in Perfetto (ui.perfetto.dev); `flight_profiler report FILE` diagnoses it")
+        return
     cuda = ops.get("has_cuda")
     columns = ["operator", "calls", "self CPU", "CPU total"] + (["self CUDA"] if cuda else [])
     t = Table(*columns, title=f"top operators by {ops.get('sort_by')} ({ops.get('operators', 0)} distinct)")
