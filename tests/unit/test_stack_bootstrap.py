@@ -53,6 +53,7 @@ def test_stack_with_progress_reads_each_threads_wakeups_from_the_kernel() -> Non
                threading.Thread(target=blocked.acquire, name="fp-blocked", daemon=True)]
     for t in threads:
         t.start()
+    time.sleep(0.3)  # both past their start-up: one sleeping in its loop, one blocked in acquire
     try:
         def sample() -> dict[str, int]:
             result, _ = run_handler("stack", {"progress": True})
