@@ -50,6 +50,25 @@ def fp_sleeping_main():
 
 
 def fp_busy_main():
+    # Python code holding the GIL; the stop file is checked every 10 ms, not every few hundred
+    # microseconds: a loop of short GIL-releasing system calls is another state (syscall_loop)
+    say("READY")
+    x = 0
+    checked = time.monotonic()
+    while True:
+        for i in range(5000):
+            x += i
+        beat()
+        now = time.monotonic()
+        if now - checked >= 0.01:
+            checked = now
+            if stopping():
+                break
+    finish()
+
+
+def fp_syscall_loop_main():
+    # releases and retakes the GIL every few hundred microseconds (a stat() per 5000 additions)
     say("READY")
     x = 0
     while not stopping():
@@ -155,6 +174,7 @@ globals()["fp_" + STATE + "_main"]()
 STATES: dict[str, str] = {
     "sleeping": "fp_sleeping_main",
     "busy": "fp_busy_main",
+    "syscall_loop": "fp_syscall_loop_main",
     "join": "fp_join_worker",
     "accept": "fp_accept_main",
     "asyncio": "fp_asyncio_main",  # suspended coroutines are not on any thread stack

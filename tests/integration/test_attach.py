@@ -38,6 +38,8 @@ def _cases() -> list[object]:
         states = STATES if version in FULL_MATRIX_VERSIONS else SMALL_STATES
         for state in states:
             # the GIL hog waits out several long C calls: a few seconds each
+            if state == "syscall_loop":
+                continue  # its own test below: the agent may come up late there
             marks = [pytest.mark.slow] if state == "gil_hog" else []
             cases.append(pytest.param(version, state, marks=marks, id=f"{version}-{state}"))
     return cases
@@ -102,6 +104,24 @@ def run_cli(*args: str, timeout: float = 60.0, **kw: object) -> subprocess.Compl
 def _function_names(stack: dict) -> set[str]:
     return {frame["function"].rsplit(".", 1)[-1]
             for thread in stack["threads"] for frame in thread["frames"]}
+
+
+def test_beside_a_loop_of_short_system_calls_the_target_is_unharmed(state_target) -> None:
+    # GIVEN a main thread that releases and retakes the GIL every few hundred microseconds:
+    # CPython's GIL convoy can keep the agent's thread waiting (docs/attach.md, known limitation)
+    t = state_target(next(iter(INTERPRETERS)), "syscall_loop")
+    t.assert_advances(1)
+    # WHEN the CLI attaches
+    proc = run_cli(str(t.pid), "--cmd", "stack", "--json", "--timeout", "30")
+    # THEN it either answers or times out saying so; nothing else, and the target is unharmed
+    assert proc.returncode in (0, 7), proc.stderr
+    if proc.returncode == 0:
+        assert STATES["syscall_loop"] in _function_names(json.loads(proc.stdout))
+    else:
+        assert "did not come up" in proc.stderr
+    t.assert_advances(3)
+    run_cli(str(t.pid), "--cmd", "detach")
+    t.finish()
 
 
 @pytest.mark.parametrize(("version", "state"), _cases())
