@@ -94,6 +94,39 @@ def test_a_trace_too_big_to_parse_in_the_target_is_copied_as_exported(work, tmp_
     assert hooks.active() == []
 
 
+def test_the_next_calls_too_big_to_parse_are_joined_as_text(work, tmp_path, monkeypatch):
+    # GIVEN three per-call sessions whose exports together exceed the parse limit (lowered)
+    monkeypatch.setattr(trace_tools, "PARSE_LIMIT_BYTES", 0)
+    loads = []
+    real_load = json.load
+    monkeypatch.setattr(trace_tools.json, "load", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    path = tmp_path / "calls.pt.trace.json.gz"
+    result, _ = profile_method(work, {"calls": 3, "path": str(path), "label": "three"})
+    assert loads == []
+    monkeypatch.undo()
+    # THEN one valid trace holds every call's operators (2 addmm per call), with our name
+    trace = load_trace(path)
+    assert trace["traceName"] == "three" and trace["distributedInfo"]["rank"] == 0
+    addmm = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"]
+    assert len(addmm) == 3 * 2
+    assert result["top_ops"] is None and result["calls_recorded"] == 3
+    assert not list(tmp_path.glob(".fp-trace-*"))  # the per-session exports are gone
+
+
+def test_joining_refuses_an_export_of_another_shape(tmp_path):
+    good = tmp_path / "a.json"
+    good.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a"}], "traceName": "x"}')
+    empty = tmp_path / "b.json"
+    empty.write_text('{"schemaVersion": 1, "traceEvents": [  ], "traceName": "y"}')
+    out = tmp_path / "out.json"
+    assert trace_tools.join_unparsed([str(good), str(empty), str(good)], str(out), "t")
+    doc = json.loads(out.read_text())
+    assert doc["traceName"] == "t" and [e["name"] for e in doc["traceEvents"]] == ["a", "a"]
+    odd = tmp_path / "c.json"
+    odd.write_text('{"traceEvents": [{"ph": "X"}], "other": 1}')
+    assert trace_tools.join_unparsed([str(good), str(odd)], str(out), "t") is None
+
+
 def test_a_spliced_export_keeps_its_own_distributed_info(tmp_path, monkeypatch):
     src = tmp_path / "export.json"
     src.write_text('{\n  "schemaVersion": 1,\n  "distributedInfo": {"backend": "gloo", "rank": 5},'

@@ -16,50 +16,60 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 from .torch_support import quiet_native_stderr, write_blocks, write_json
 
 SORT_KEYS = ("self_cpu", "cpu_total", "self_cuda", "count")
 
 
-# Above this size an exported trace is not parsed inside the target: json.load takes about 10x
-# the file's size in Python objects, in the user's process. It is copied as it is (metadata
-# spliced in, gzip streamed in blocks), and its top operators are left to `report`.
+# Above this size (all sessions' exports together) a trace is not parsed inside the target:
+# json.load takes about 10x the file's size in Python objects, in the user's process. It is
+# copied, or the sessions joined, as text (metadata spliced in, gzip streamed in blocks), and
+# its top operators are left to `report`.
 PARSE_LIMIT_BYTES = 48 << 20
 _HEAD_BYTES = 1 << 20
 
 
 def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str, Any] | None]:
     """(size written, trace dict) for stopped profiler sessions, merged into one trace; the
-    trace dict is None when one session's export was too big to parse here (copied as is).
+    trace dict is None when the exports were too big to parse here (copied and joined as text).
 
     Sessions of one process share the trace clock (baseTimeNanoseconds), so their events
-    merge as they are; metadata events repeated by each session are kept once.
+    merge as they are; metadata events repeated by each session are kept once (when parsed).
     """
-    merged: dict[str, Any] | None = None
-    seen_meta: set[str] = set()
     directory = os.path.dirname(path) or "."
-    single = len(profs) == 1
-    while profs:
-        prof = profs.pop(0)
-        fd, tmp = tempfile.mkstemp(prefix=".fp-trace-", suffix=".json", dir=directory)
-        os.close(fd)
-        try:
+    tmps: list[str] = []
+    try:
+        while profs:
+            prof = profs.pop(0)
+            fd, tmp = tempfile.mkstemp(prefix=".fp-trace-", suffix=".json", dir=directory)
+            os.close(fd)
+            tmps.append(tmp)
             with quiet_native_stderr():
                 prof.export_chrome_trace(tmp)
             del prof
-            if single and os.path.getsize(tmp) > PARSE_LIMIT_BYTES:
-                copied = copy_unparsed(tmp, path, trace_name)
-                if copied is not None:
-                    return copied, None
-            with open(tmp, "rb") as f:
-                trace = json.load(f)
-        finally:
+        if sum(os.path.getsize(t) for t in tmps) > PARSE_LIMIT_BYTES:
+            copied = (copy_unparsed(tmps[0], path, trace_name) if len(tmps) == 1
+                      else join_unparsed(tmps, path, trace_name))
+            if copied is not None:
+                return copied, None
+        return _parse_and_merge(tmps, path, trace_name)
+    finally:
+        for tmp in tmps:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _parse_and_merge(tmps: list[str], path: str, trace_name: str) -> tuple[int, dict[str, Any]]:
+    merged: dict[str, Any] | None = None
+    seen_meta: set[str] = set()
+    for tmp in tmps:
+        with open(tmp, "rb") as f:
+            trace = json.load(f)
         if not isinstance(trace, dict):
             trace = {"traceEvents": trace}
         events = []
@@ -112,6 +122,83 @@ def copy_unparsed(src: str, path: str, trace_name: str) -> int | None:
                 pending = block
             body = pending.rstrip()
             yield body[:-1] + last  # body ends with the closing brace (checked above)
+
+        return write_blocks(path, blocks())
+
+
+_EVENTS_OPEN = re.compile(rb'"traceEvents"\s*:\s*\[')
+_CLOSING = re.compile(rb'\]\s*,\s*"traceName"\s*:\s*"[^"\\]*"\s*\}\s*$')
+_TAIL_BYTES = 4096
+
+
+def _events_span(f: BinaryIO) -> tuple[int, int, bool] | None:
+    """(start, end, has_events) of the text inside the traceEvents array of one of torch's
+    exports (events last, then ``],"traceName": "..."}``), or None for any other layout."""
+    head = f.read(_HEAD_BYTES)
+    opened = _EVENTS_OPEN.search(head)
+    size = os.fstat(f.fileno()).st_size
+    f.seek(max(0, size - _TAIL_BYTES))
+    tail_at = f.tell()
+    tail = f.read()
+    closing = _CLOSING.search(tail)
+    if opened is None or closing is None:
+        return None
+    start, end = opened.end(), tail_at + closing.start()
+    if end < start:
+        return None
+    f.seek(start)
+    return start, end, f.read(min(end - start, 4096)).strip()[:1] == b"{"
+
+
+def _copy_range(f: BinaryIO, start: int, end: int) -> Iterator[bytes]:
+    f.seek(start)
+    left = end - start
+    while left > 0:
+        block = f.read(min(_HEAD_BYTES, left))
+        if not block:
+            return
+        left -= len(block)
+        yield block
+
+
+def join_unparsed(srcs: list[str], path: str, trace_name: str) -> int | None:
+    """Several sessions' exports joined as text into one trace at ``path``: the first one's
+    header and events, the others' events, then our ``traceName``. Metadata events repeated by
+    each session stay repeated (unparsed, they cannot be told apart). None when an export is
+    not in torch's layout."""
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(src, "rb")) for src in srcs]
+        spans = []
+        for f in files:
+            span = _events_span(f)
+            if span is None:
+                return None
+            spans.append(span)
+        f0 = files[0]
+        f0.seek(0)
+        head = f0.read(_HEAD_BYTES)
+        first = b""
+        if b'"distributedInfo"' not in head:
+            brace = head.find(b"{")
+            if brace < 0 or head[:brace].strip():
+                return None
+            first = b"{" + b'"distributedInfo": ' + json.dumps({"rank": _rank()}).encode() + b","
+            head_from = brace + 1
+        else:
+            head_from = 0
+
+        def blocks() -> Iterator[bytes]:
+            yield first
+            yield from _copy_range(f0, head_from, spans[0][0])  # header up to the events
+            wrote = False
+            for f, (start, end, has_events) in zip(files, spans):
+                if not has_events:
+                    continue
+                if wrote:
+                    yield b","
+                yield from _copy_range(f, start, end)
+                wrote = True
+            yield b'],"traceName": ' + json.dumps(trace_name).encode() + b"}"
 
         return write_blocks(path, blocks())
 
