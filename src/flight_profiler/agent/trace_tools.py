@@ -90,6 +90,19 @@ def _parse_and_merge(tmps: list[str], path: str, trace_name: str) -> tuple[int, 
     return finish_trace(merged, path, trace_name), merged
 
 
+def _opening(head: bytes) -> tuple[bytes, int] | None:
+    """What replaces the opening of torch's export (its first ``head`` bytes): ``{`` plus our
+    ``distributedInfo`` when torch wrote none, and the offset to copy the rest from; None
+    when it does not open like torch's export (an object whose first member is a key)."""
+    brace = head.find(b"{")
+    if brace < 0 or head[:brace].strip() or head[brace + 1:].lstrip()[:1] != b'"':
+        return None
+    first = b"{"
+    if b'"distributedInfo"' not in head:
+        first += b'"distributedInfo": ' + json.dumps({"rank": _rank()}).encode() + b","
+    return first, brace + 1
+
+
 def copy_unparsed(src: str, path: str, trace_name: str) -> int | None:
     """Write the exported trace ``src`` to ``path`` without parsing it, copied in blocks, with
     ``distributedInfo`` spliced in after the opening brace when the export has none, and
@@ -97,20 +110,18 @@ def copy_unparsed(src: str, path: str, trace_name: str) -> int | None:
     when the file does not look like torch's export (then it is parsed instead)."""
     with open(src, "rb") as f:
         head = f.read(_HEAD_BYTES)
-        start = head.find(b"{")
-        if start < 0 or head[:start].strip() or head[start + 1:].lstrip()[:1] != b'"':
+        opening = _opening(head)
+        if opening is None:
             return None
+        first, after = opening
         f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
         if not f.read().rstrip().endswith(b"}"):
             return None
         f.seek(len(head))
-        first = b"{"
-        if b'"distributedInfo"' not in head:
-            first += b'"distributedInfo": ' + json.dumps({"rank": _rank()}).encode() + b","
         last = b',"traceName": ' + json.dumps(trace_name).encode() + b"}"
 
         def blocks() -> Iterator[bytes]:
-            pending = first + head[start + 1:]
+            pending = first + head[after:]
             while True:
                 block = f.read(_HEAD_BYTES)
                 if not block:
@@ -176,20 +187,14 @@ def join_unparsed(srcs: list[str], path: str, trace_name: str) -> int | None:
             spans.append(span)
         f0 = files[0]
         f0.seek(0)
-        head = f0.read(_HEAD_BYTES)
-        first = b""
-        if b'"distributedInfo"' not in head:
-            brace = head.find(b"{")
-            if brace < 0 or head[:brace].strip():
-                return None
-            first = b"{" + b'"distributedInfo": ' + json.dumps({"rank": _rank()}).encode() + b","
-            head_from = brace + 1
-        else:
-            head_from = 0
+        opening = _opening(f0.read(_HEAD_BYTES))
+        if opening is None:
+            return None
+        first, after = opening
 
         def blocks() -> Iterator[bytes]:
             yield first
-            yield from _copy_range(f0, head_from, spans[0][0])  # header up to the events
+            yield from _copy_range(f0, after, spans[0][0])  # header up to the events
             wrote = False
             for f, (start, end, has_events) in zip(files, spans):
                 if not has_events:
