@@ -146,3 +146,49 @@ def test_region_layout_keeps_texts_apart_and_nul_free() -> None:
     assert data.endswith(b"BBB\0")
     with pytest.raises(ValueError, match="NUL"):
         ptrace_inject.build_region(0, funcs, "a\0b", "")
+
+
+class _StuckThreadStart:
+    """A borrowed main thread caught in a system call without the GIL, inside the allocator:
+    PyThread_start_new_thread (its first act a malloc) never returns."""
+
+    syscall = 7
+    saved = type("Saved", (), {"rax": 0})()
+
+    def __init__(self, funcs: dict[str, int]) -> None:
+        self.funcs = funcs
+        self.called: list[str] = []
+
+    def call(self, fn: int, *args: int, timeout: float = 5.0) -> int:
+        name = next(n for n, a in self.funcs.items() if a == fn)
+        self.called.append(name)
+        if name == "PyThread_start_new_thread":
+            raise ptrace.CallTimeout(f"call of {fn:#x} did not return in {timeout:.1f}s")
+        return {"__errno_location": 0x1000, "PyGILState_Check": 0, "mmap": 0x7F0000000000,
+                "Py_AddPendingCall": 0}.get(name, 0)
+
+    def read(self, addr: int, n: int) -> bytes:
+        return b"\0" * n
+
+    def write(self, addr: int, data: bytes) -> None:
+        pass
+
+
+def test_a_thread_start_that_never_returns_falls_back_to_a_pending_call() -> None:
+    # CI once saw an attach fail outright on "a call into process N did not return"
+    from flight_profiler.attach.outcome import Outcome
+    from flight_profiler.attach.process import TargetInfo
+
+    names = ["__errno_location", "PyGILState_Check", "mmap", "munmap", "PyThread_start_new_thread",
+             "Py_AddPendingCall", "PyGILState_Ensure", "PyGILState_Release", "PyRun_SimpleStringFlags",
+             "Py_IsInitialized"]
+    funcs = {n: 0x7F1000000000 + 0x100 * i for i, n in enumerate(names)}
+    tracee = _StuckThreadStart(funcs)
+    target = TargetInfo(pid=os.getpid(), uid=0, state="S", tracer_pid=0, ns_pid=os.getpid(),
+                        start_time=0, exe=sys.executable, version=(3, 11), libpython=None, root="/")
+    outcome = Outcome(method="none")
+    size = ptrace_inject.region_size("pass", "pass")
+    ptrace_inject._borrow(tracee, target, funcs, size, "pass", "pass", outcome, 0.1)  # type: ignore[arg-type]
+    assert outcome.method == "pending"
+    assert outcome.helper_error is not None and "did not return" in outcome.helper_error
+    assert tracee.called[-1] == "Py_AddPendingCall"

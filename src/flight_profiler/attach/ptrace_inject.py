@@ -218,15 +218,23 @@ def _borrow(t: ptrace.Tracee, target: TargetInfo, funcs: dict[str, int], size: i
     table = base + TABLE_OFF
     if outcome.syscall >= 0 and not outcome.holds_gil:
         before = _tasks(target.pid)
-        ident = t.call(funcs["PyThread_start_new_thread"], base + THREAD_OFF, table,
-                       timeout=timeout)
+        try:
+            ident = t.call(funcs["PyThread_start_new_thread"], base + THREAD_OFF, table,
+                           timeout=timeout)
+        except ptrace.CallTimeout as exc:
+            # Its first act is a malloc: a main thread stopped inside the allocator (a system
+            # call under the arena lock) blocks it for good, most likely there, before it took
+            # anything. The call was abandoned; the pending call below needs no allocator.
+            ident = 0
+            outcome.helper_error = (f"PyThread_start_new_thread did not return ({exc}; the main "
+                                    "thread was probably inside the allocator)")
         if ident not in (0, (1 << 64) - 1):
             outcome.method = "thread"
             # its tid, so that a timeout can say what that thread is doing instead of guessing
             new = sorted(_tasks(target.pid) - before)
             if len(new) == 1:
                 outcome.values["agent_tid"] = str(new[0])
-        else:
+        elif outcome.helper_error is None:
             outcome.helper_error = "PyThread_start_new_thread failed in the target"
     if outcome.method == "none":
         if target.version and target.version >= (3, 12):
