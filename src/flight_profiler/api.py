@@ -20,6 +20,7 @@ injects only when none does. Leaving the ``with`` block closes the connection; t
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import time
@@ -287,28 +288,39 @@ def _wait_for_agent(target: TargetInfo, where: _Where, deadline: float, injectio
                         "this attach has given up); retry later or raise --timeout")
 
 
-def _thread_state(pid: int, tid: str | None) -> str:
-    """What the agent's native thread is doing now, read from /proc (not guessed)."""
+def _thread_state(pid: int, tid: str | None, samples: int = 20, every: float = 0.005) -> str:
+    """What the agent's native thread is doing, read from /proc (not guessed).
+
+    One read is a coin toss: a thread waiting for the GIL wakes every switch interval (5 ms) and
+    is runnable whenever the scheduler has not got to it, so the state is sampled for 0.1 s and
+    the answer says how often each was seen.
+    """
     if tid is None:
         return "was not identified (waiting for the GIL, which another thread holds?)"
     task = f"/proc/{pid}/task/{tid}"
-    try:
-        with open(f"{task}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return f"(tid {tid}) has ended without starting the agent"
-    state = stat[stat.rindex(")") + 2:].split()[0]
-    what = {"R": "is running", "S": "is sleeping", "D": "is in uninterruptible I/O"}.get(
-        state, f"is in state {state}")
-    try:
-        with open(f"{task}/wchan") as fh:
-            wchan = fh.read().strip()
-    except OSError:
-        wchan = ""
-    where = f" in {wchan}" if wchan and wchan != "0" else ""
-    gil = " (a futex: most likely waiting for the GIL, which another thread holds)" \
-        if "futex" in wchan else ""
-    return f"(tid {tid}) {what}{where}{gil}"
+    seen: collections.Counter[str] = collections.Counter()
+    for i in range(samples):
+        try:
+            with open(f"{task}/stat") as fh:
+                stat = fh.read()
+            with open(f"{task}/wchan") as fh:
+                wchan = fh.read().strip()
+        except OSError:
+            if not seen:
+                return f"(tid {tid}) has ended without starting the agent"
+            break
+        state = stat[stat.rindex(")") + 2:].split()[0]
+        what = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O"}.get(
+            state, f"in state {state}")
+        seen[f"{what} in {wchan}" if state != "R" and wchan not in ("", "0") else what] += 1
+        if i + 1 < samples:
+            time.sleep(every)
+    total = sum(seen.values())
+    (top, count), *rest = seen.most_common()
+    also = "".join(f", {what} {n}" for what, n in rest)
+    gil = (" (a futex: most likely waiting for the GIL, which another thread holds)"
+           if any("futex" in what for what in seen) else "")
+    return f"(tid {tid}) is {top} ({count} of {total} samples over {total * every:.2f} s{also}){gil}"
 
 
 def _explain_timeout(pid: int, injection: Injection) -> str:
