@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import pprint
 import threading
 import time
 import types
@@ -173,3 +174,35 @@ def test_the_holder_path_is_the_same_wherever_the_thread_was_held(tmp_path):
     want = f"{__name__}.loop_with_censuses() local trainer.history[*]"
     assert all(want in paths for paths in seen), seen
     assert not [p for paths in seen for p in paths if "step() local self" in p]
+
+
+class _WaitsForTheCensus:
+    """Its repr returns once the census thread has ended: pprint stays on the stack meanwhile."""
+
+    def __repr__(self) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                t.name == "fp-test-agent" for t in threading.enumerate()):
+            time.sleep(0.005)
+        return "_WaitsForTheCensus()"
+
+
+def census_while_a_library_frame_holds_a_weight(tmp_path: Path) -> dict[str, Any]:
+    trainer = Trainer()
+    trainer.step()
+    path = tmp_path / "c.json"
+
+    def drive() -> None:  # pprint's frames hold the list: one edge from the weight, not two
+        pprint.pformat([trainer.model.weight, _WaitsForTheCensus()])
+
+    run_handler("torch tensors", {"path": str(path), "top": 50}, drive=drive)
+    return dict(json.loads(path.read_text()))
+
+
+def test_a_libraries_local_never_names_what_the_program_holds(tmp_path):
+    # GIVEN a weight that a stdlib function's local reaches in fewer edges than main()'s trainer
+    doc = census_while_a_library_frame_holds_a_weight(tmp_path)
+    # THEN it is named from the program's own function, as it would be a moment later
+    want = f"{__name__}.census_while_a_library_frame_holds_a_weight() local trainer.model.weight"
+    assert want in paths(doc), sorted(paths(doc))
+    assert not [p for p in paths(doc) if "pprint" in p], sorted(paths(doc))

@@ -40,7 +40,11 @@ def test_slow_loader_is_described_and_the_wait_measured() -> None:
             dl["persistent_workers"]) == (4, 2, False, 2, False)
     assert dl["dataset"]["length"] == 10_000
     [its] = dl["iterators"]
+    # counters are read at the end of the window, with the loop's rate over it
     assert its["batches_yielded"] >= 2 and its["batches_in_flight"] >= 1
+    assert its["batches_in_window"] >= 1
+    assert its["batches_yielded"] - its["batches_in_window"] >= 1  # the one taken before
+    assert its["batches_per_s"] == pytest.approx(its["batches_in_window"] / result["sampled_s"], rel=0.1)
     assert len(its["workers"]) == 2
     for w in its["workers"]:
         assert w["pid"] != os.getpid() and w["state"] in ("running", "sleeping")

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from torch_agent_helpers import run_handler, spec  # noqa: E402
 
-from flight_profiler.agent import hooks  # noqa: E402
+from flight_profiler.agent import grad_stats, hooks  # noqa: E402
 from flight_profiler.report.rules import grad_health  # noqa: E402
 
 LOOPS = """
@@ -170,3 +170,20 @@ def test_method_calls_report_what_they_save_for_backward(loops, tmp_path):
         floor = 256 * 16 * 4 if method == "evaluate" else 1  # evaluate: batch 256 x hidden 16
         assert all(c["grad_enabled"] and c["saved_bytes"] >= floor for c in costs), costs
         assert all((c["unpacked"] == 0) == built_and_unused for c in costs), (method, costs)
+
+
+def _name_while_a_local_holds_a_parameter() -> list[str]:
+    # No assert here: pytest's rewritten asserts call locals(), and before 3.13 the walk leaves
+    # such a function's locals alone.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    p = next(model.parameters())  # a loop variable over the parameters, as users write them
+    names = grad_stats.name_models(torch, [(model, list(model.named_parameters()))])
+    del p
+    return names
+
+
+def test_a_model_is_named_by_its_holder_not_by_a_path_to_a_parameter():
+    # GIVEN a function holding its model AND, in a local, the model's first parameter
+    # THEN the model is named where it lives, not "<Sequential at 0x...>"
+    assert _name_while_a_local_holds_a_parameter() == \
+        [f"{__name__}._name_while_a_local_holds_a_parameter() local model"]

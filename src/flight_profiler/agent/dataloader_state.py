@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from .thread_gate import AGENT_THREAD_PREFIX, blocked_in
@@ -111,8 +112,12 @@ def _loader(dl: Any) -> dict[str, Any]:
     }
 
 
-def find_loaders() -> list[dict[str, Any]]:
-    """Each live DataLoader with its live iterators (matched by dataset); orphan iterators too."""
+def find_loaders(track: list[tuple[dict[str, Any], Any]] | None = None) -> list[dict[str, Any]]:
+    """Each live DataLoader with its live iterators (matched by dataset); orphan iterators too.
+
+    ``track`` receives (iterator doc, weak reference to the iterator), for a caller that reads
+    the counters again later without keeping an epoch's iterator (and its workers) alive.
+    """
     module = sys.modules.get("torch.utils.data.dataloader")
     if module is None:
         return []
@@ -143,6 +148,9 @@ def find_loaders() -> list[dict[str, Any]]:
                          "type": "(loader not found)", "iterators": []}
                 out.append(owner)
             owner["iterators"].append(doc)
+            if track is not None:
+                with contextlib.suppress(TypeError):  # a subclass with __slots__ and no weakref
+                    track.append((doc, weakref.ref(it)))
         return out
     finally:
         loaders.clear()
@@ -229,14 +237,35 @@ def sample_threads(seconds: float, interval: float = 0.01,
 
 
 def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Loaders, their workers (with CPU use over the sampling window) and the threads' waits."""
-    loaders = find_loaders()
+    """Loaders, their workers (with CPU use over the sampling window) and the threads' waits.
+
+    Counters are those at the end of the window, with the batches the loop took during it: a
+    reading taken only at the start says nothing about the rate the loop is fed at.
+    """
+    track: list[tuple[dict[str, Any], Any]] = []
+    loaders = find_loaders(track)
     t0 = time.monotonic()
     threads = sample_threads(sample_seconds, cancelled=cancelled) if sample_seconds > 0 else []
     elapsed = time.monotonic() - t0
+    for doc, ref in track:
+        if elapsed <= 0.05:
+            break
+        it = ref()
+        if it is None:
+            doc["ended_during_window"] = True
+            continue
+        before = doc["batches_yielded"]
+        now = _attr(it, "_num_yielded")
+        doc["batches_in_flight"] = _plain(_attr(it, "_tasks_outstanding"))
+        it = None
+        if isinstance(before, int) and isinstance(now, int):
+            doc["batches_yielded"] = now
+            doc["batches_in_window"] = now - before
+            doc["batches_per_s"] = round((now - before) / elapsed, 2)
+    track.clear()
     for loader in loaders:
-        for it in loader["iterators"]:
-            for w in it["workers"]:
+        for it_doc in loader["iterators"]:
+            for w in it_doc["workers"]:
                 if w.get("pid") and w.get("cpu_s") is not None and elapsed > 0.05:
                     later = _proc(int(w["pid"]))
                     if later.get("cpu_s") is not None:

@@ -2,8 +2,8 @@
 
 Models are found the way the census finds tensors: one pass over the gc-tracked objects
 (nn.Module instances are gc-tracked), keeping the roots (modules no other found module holds as
-a submodule); they are named by the census's holder walk (holder_paths), from the path to their
-first parameter. Per parameter, in module order: grad norm, max |grad|, NaN/Inf counts (only
+a submodule); they are named by the census's holder walk (holder_paths), by the path to the
+module itself. Per parameter, in module order: grad norm, max |grad|, NaN/Inf counts (only
 counted where a norm came out non-finite: a finite norm proves there are none), weight norm.
 
 Cost: three reductions per parameter (norm, aminmax, weight norm) and ONE device->host copy for
@@ -67,19 +67,20 @@ def find_models(torch: Any, seconds: float = 5.0) -> list[tuple[Any, list[tuple[
 
 
 def name_models(torch: Any, models: list[tuple[Any, list[tuple[str, Any]]]], seconds: float = 3.0) -> list[str]:
-    """Each model's holder path (``__main__.main().model``), or its class name if unreached."""
-    wanted = {id(params[0][1]): params[0][1] for _, params in models}
+    """Each model's holder path (``main() local trainer.model``), or its class name if unreached.
+
+    The walk looks for the root modules themselves: a path to one of their parameters could run
+    through anything else holding it (an optimizer's param_groups, a loop's local ``p``) and say
+    nothing about where the model lives.
+    """
+    wanted = {id(module): module for module, _ in models}
     # skip_thread=None: when this runs at the main thread's safe point, the program's own
     # locals are in that thread; the agent's frames are left out by module name.
     w = holder_paths.walk(torch, wanted, 2_000_000, 12, time.monotonic() + seconds, skip_thread=None)
     names = []
-    for module, params in models:
-        found = w.path(id(params[0][1]))
-        suffix = "." + params[0][0]
-        if found is not None and found[0].endswith(suffix):
-            names.append(found[0][: -len(suffix)])
-        else:
-            names.append(f"<{type(module).__name__} at {id(module):#x}>")
+    for module, _ in models:
+        found = w.path(id(module))
+        names.append(found[0] if found is not None else f"<{type(module).__name__} at {id(module):#x}>")
     wanted.clear()
     w.parent.clear()
     w.found.clear()

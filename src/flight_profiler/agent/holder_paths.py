@@ -5,7 +5,7 @@ to it, e.g. ``__main__.trainer.history['loss'][412]``, ``main() local trainer.hi
 One breadth-first walk builds a reverse map for all tensors at once (``gc.get_referrers`` per
 tensor would be quadratic). Roots: the globals of every imported module (``__main__`` first,
 then the program's own modules, then libraries), then the locals of every thread's running
-functions. Walked: dict, list, tuple, set, deque, instance ``__dict__``, class ``__dict__``,
+functions (the program's own walked to the end before any library function's). Walked: dict, list, tuple, set, deque, instance ``__dict__``, class ``__dict__``,
 nn.Module parameters/buffers/submodules, and a tensor's ``.grad``. Not walked: closures,
 C++-held references (autograd graphs, C extensions), objects with ``__slots__`` only. Functions
 are walked through their closure cells (``make_hook.<closure cache>[*]``).
@@ -139,15 +139,16 @@ def _frame_prefix(thread: str, module: str, function: str) -> str:
     return f"thread {thread!r} {where} local"
 
 
-def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
-    """(prefix, locals) of every running function of every thread but ``skip_thread``.
+def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any], bool]]:
+    """(prefix, locals, in a library) of every running function of every thread but
+    ``skip_thread``, the program's own functions first.
 
     On CPython < 3.13 ``frame.f_locals`` is a snapshot dict cached on the frame; left there it
     would keep the locals of this moment alive after they are rebound. It is emptied after
     reading (safe: nothing writes it back unless a tracer is active on that frame, checked via
     f_trace, or the function itself calls locals()/vars(), checked via co_names).
     """
-    roots: list[tuple[str, dict[str, Any]]] = []
+    roots: list[tuple[str, dict[str, Any], bool]] = []
     snapshot_semantics = sys.version_info < (3, 13)
     # The frames dict holds this very frame (and the census's own, below it): it must not
     # outlive this function, or frame -> local -> dict -> frame would be a cycle keeping every
@@ -183,11 +184,12 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
                 if code.co_flags & _CO_OPTIMIZED and not code.co_filename.startswith("<flight_profiler") \
                         and not module.startswith(_OURS):
                     prefix = _frame_prefix(thread, module, code.co_name)
+                    library = code.co_filename.startswith(lib_prefixes)
                     if not snapshot_semantics:
-                        roots.append((prefix, dict(f.f_locals)))
+                        roots.append((prefix, dict(f.f_locals), library))
                     elif f.f_trace is None and "locals" not in code.co_names and "vars" not in code.co_names:
                         snap = f.f_locals
-                        roots.append((prefix, dict(snap)))
+                        roots.append((prefix, dict(snap), library))
                         snap.clear()
                         snap = None
             chain.clear()
@@ -195,6 +197,7 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any]]]:
         frames.clear()
         chain.clear()
         f = top = None
+    roots.sort(key=lambda root: root[2])  # stable: threads and frame order kept within each
     return roots
 
 
@@ -227,6 +230,8 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
             if cid not in found:
                 found[cid] = (pid, kind, label, holder_kind)
                 parent[cid] = (pid, kind, label)
+                if not isinstance(child, tensor_type):  # a module wanted by name (grad_stats)
+                    return
                 grad = child.grad if child.requires_grad and child.is_leaf else None
                 if grad is not None and id(grad) in wanted and id(grad) not in found:
                     found[id(grad)] = (cid, GRAD, "grad", "grad")
@@ -275,12 +280,21 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
                 visit(-1, ROOT, f"{name}.{key}", value, "global")
     if not bfs():
         return w
-    for prefix, local_vars in _frame_roots(skip_thread):
-        for key, value in local_vars.items():
-            if type(value) not in _ATOMIC:
-                visit(-1, ROOT, f"{prefix} {key}", value, "local")
-        local_vars.clear()
-    bfs()
+    # Then the program's running functions, walked to the end before any library function's:
+    # while the main thread is inside optimizer.step(), sgd()'s local `param` reaches a weight in
+    # one edge and would otherwise beat `main() local trainer.model.0.weight` (three edges), and
+    # a tensor's name would depend on the moment it was looked at.
+    roots = _frame_roots(skip_thread)
+    for library in (False, True):
+        for prefix, local_vars, in_library in roots:
+            if in_library is library:
+                for key, value in local_vars.items():
+                    if type(value) not in _ATOMIC:
+                        visit(-1, ROOT, f"{prefix} {key}", value, "local")
+                local_vars.clear()
+        if not bfs():
+            break
+    roots.clear()
     return w
 
 

@@ -175,8 +175,11 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
                       f"pin_memory={dl.get('pin_memory')}, prefetch_factor={dl.get('prefetch_factor')}, "
                       f"persistent_workers={dl.get('persistent_workers')}")
         for it in dl.get("iterators") or []:
-            console.print(f"  iterator {it.get('type')}: {it.get('batches_yielded')} batches yielded, "
-                          f"{it.get('batches_in_flight')} in flight, {it.get('batches_ready')} ready")
+            rate = (f" ({it['batches_in_window']} in the {data.get('sampled_s')} s sampled: "
+                    f"{it['batches_per_s']}/s)" if it.get("batches_per_s") is not None else "")
+            console.print(f"  iterator {it.get('type')}: {it.get('batches_yielded')} batches yielded{rate}, "
+                          f"{it.get('batches_in_flight')} in flight, {it.get('batches_ready')} ready"
+                          + (" (ended during the sample)" if it.get("ended_during_window") else ""))
             if it.get("workers"):
                 t = Table("worker", "pid", "state", "CPU %", "RSS")
                 for w in it["workers"]:
