@@ -43,6 +43,7 @@ from flight_profiler.errors import (
     AttachFailed,
     AttachTimeout,
     FlightProfilerError,
+    already_traced,
 )
 from flight_profiler.requests import AgentRequest
 
@@ -193,6 +194,8 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
                     f"none is attached; if one runs but its socket was removed, any command "
                     f"(`flight_profiler {pid} --cmd status`) gives it a new one") from None
             say(f"no agent answers at {where.display} ({exc}); injecting")
+        if target.tracer_pid:
+            raise already_traced(pid, target.tracer_pid)
         process.check_permissions(pid)
         lock = protocol.lock_name(target.ns_pid, target.pid_ns)
         with directory.lock(lock, time.monotonic() + timeout, f"process {pid}"):

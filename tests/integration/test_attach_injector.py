@@ -288,3 +288,34 @@ def test_a_timeout_says_what_the_agents_thread_is_doing(tmp_path) -> None:
         assert t.alive()
     finally:
         t.stop()
+
+
+def test_a_running_agent_answers_while_another_tracer_holds_the_process(tmp_path) -> None:
+    # GIVEN a target with our agent in it, then a strace-like tracer that seizes it and lets it run
+    t = spawn("""
+        import time
+        print("READY", flush=True)
+        while True:
+            time.sleep(0.05)
+        """)
+    seize = (f"import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             f"assert libc.ptrace(0x4206, {t.pid}, None, None) == 0, ctypes.get_errno()\n"
+             "time.sleep(4)\n")
+    tracer = None
+    try:
+        assert run_cli(str(t.pid), "--cmd", "status", env=no_gdb_env(tmp_path)).returncode == 0
+        tracer = subprocess.Popen([sys.executable, "-c", seize], start_new_session=True)
+        deadline = time.monotonic() + 10
+        while "TracerPid:\t0\n" in Path(f"/proc/{t.pid}/status").read_text():
+            assert time.monotonic() < deadline and tracer.poll() is None
+            time.sleep(0.05)
+        # WHEN a later command runs THEN it is served by the agent, with no injection attempted
+        proc = run_cli(str(t.pid), "--cmd", "status", "-v", env=no_gdb_env(tmp_path))
+        assert proc.returncode == 0, proc.stderr
+        assert "reused the agent already running" in proc.stderr
+        assert run_cli(str(t.pid), "--cmd", "detach", env=no_gdb_env(tmp_path)).returncode == 0
+        assert t.alive()
+    finally:
+        if tracer is not None:
+            tracer.wait(30)
+        t.stop()

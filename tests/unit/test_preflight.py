@@ -140,8 +140,13 @@ def test_stopped_and_traced_python_targets(spawn_target) -> None:
         while process.parse_status(status.read_text()).tracer_pid == 0:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        # the pre-flight reports the tracer; only an injection is refused (an agent already
+        # running would answer on its socket whoever traces the process)
+        assert process.inspect(t.pid).tracer_pid == tracer.pid
+        from flight_profiler import api
+
         with pytest.raises(AttachFailed, match=r"already traced by PID \d+ \(a debugger\?\)"):
-            process.inspect(t.pid)
+            api.connect(t.pid, timeout=2)
     finally:
         tracer.wait(30)
     assert t.alive()

@@ -16,7 +16,6 @@ from flight_profiler.errors import (
     PermissionDenied,
     ProcessNotFound,
     UsageError,
-    already_traced,
 )
 
 CAP_SYS_PTRACE = 19
@@ -258,8 +257,9 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
     if version < (3, 9):
         raise NotPython(f"process {pid} runs Python {version[0]}.{version[1]}; "
                         "flight_profiler supports CPython 3.9 and later")
-    if status.tracer_pid:
-        raise already_traced(pid, status.tracer_pid)
+    # A tracer (strace, a debugger that lets it run) is refused only on the way to an injection
+    # (``api.connect``, and each injector at its own attach): an agent already running answers
+    # on its socket whoever traces the process.
     if status.state in ("T", "t"):
         raise AttachFailed(f"process {pid} is stopped (state {status.state})",
                            f"resume it with `kill -CONT {pid}` and retry")
