@@ -43,7 +43,6 @@ from flight_profiler.errors import (
     AttachFailed,
     AttachTimeout,
     FlightProfilerError,
-    already_traced,
 )
 from flight_profiler.requests import AgentRequest
 
@@ -194,8 +193,6 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
                     f"none is attached; if one runs but its socket was removed, any command "
                     f"(`flight_profiler {pid} --cmd status`) gives it a new one") from None
             say(f"no agent answers at {where.display} ({exc}); injecting")
-        if target.tracer_pid:
-            raise already_traced(pid, target.tracer_pid)
         process.check_permissions(pid)
         lock = protocol.lock_name(target.ns_pid, target.pid_ns)
         with directory.lock(lock, time.monotonic() + timeout, f"process {pid}"):
@@ -211,6 +208,7 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
                 return Session(pid, client, False, elapsed)
             except (NoAgent, AgentBusy):
                 pass
+            process.check_injectable(pid)
             return _inject_and_connect(target, where, timeout, method, say, started)
 
 

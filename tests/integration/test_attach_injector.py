@@ -319,3 +319,45 @@ def test_a_running_agent_answers_while_another_tracer_holds_the_process(tmp_path
         if tracer is not None:
             tracer.wait(30)
         t.stop()
+
+
+def test_an_attach_waits_for_one_in_progress_instead_of_calling_it_a_debugger(tmp_path) -> None:
+    # GIVEN a target that another flight_profiler is injecting into right now: it holds the
+    # attach lock and the target's main thread in a ptrace stop (state "t", TracerPid set)
+    from flight_profiler.agent import protocol
+    from flight_profiler.attach import process
+    from flight_profiler.attach.agent_dir import AgentDir
+
+    t = spawn("""
+        import time
+        print("READY", flush=True)
+        while True:
+            time.sleep(0.05)
+        """)
+    hold = (f"import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"assert libc.ptrace(0x4206, {t.pid}, None, None) == 0, ctypes.get_errno()\n"
+            f"assert libc.ptrace(0x4207, {t.pid}, None, None) == 0, ctypes.get_errno()\n"
+            "time.sleep(1.5)\n")  # exits: the kernel detaches and the target runs on
+    try:
+        target = process.inspect(t.pid)
+        with AgentDir.open(target.uid, target.root) as directory, \
+                directory.lock(protocol.lock_name(target.ns_pid, target.pid_ns),
+                               time.monotonic() + 10, "test"):
+            tracer = subprocess.Popen([sys.executable, "-c", hold])
+            deadline = time.monotonic() + 10
+            while "TracerPid:\t0\n" in Path(f"/proc/{t.pid}/status").read_text():
+                assert time.monotonic() < deadline and tracer.poll() is None
+                time.sleep(0.02)
+            # WHEN a second CLI attaches meanwhile
+            cli = subprocess.Popen([*CLI, str(t.pid), "--cmd", "status", "--timeout", "20"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=no_gdb_env(tmp_path))
+            assert tracer.wait(30) == 0
+            time.sleep(0.2)
+        _, err = cli.communicate(timeout=60)
+        # THEN it waited for the lock and attached, rather than refusing a "debugger"
+        assert cli.returncode == 0, err
+        assert run_cli(str(t.pid), "--cmd", "detach", env=no_gdb_env(tmp_path)).returncode == 0
+        assert t.alive()
+    finally:
+        t.stop()

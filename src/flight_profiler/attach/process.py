@@ -16,6 +16,7 @@ from flight_profiler.errors import (
     PermissionDenied,
     ProcessNotFound,
     UsageError,
+    already_traced,
 )
 
 CAP_SYS_PTRACE = 19
@@ -217,6 +218,24 @@ def target_root(pid: int) -> str:
     return f"/proc/{pid}/root"
 
 
+def stopped(pid: int, state: str) -> AttachFailed:
+    return AttachFailed(f"process {pid} is stopped (state {state})",
+                        f"resume it with `kill -CONT {pid}` and retry")
+
+
+def check_injectable(pid: int) -> None:
+    """Refuse an injection into a process another tracer holds or that is stopped, read afresh
+    (under the attach lock, so a concurrent flight_profiler attach has finished by then)."""
+    try:
+        status = parse_status(_read(f"/proc/{pid}/status"))
+    except FileNotFoundError:
+        raise ProcessNotFound(f"process {pid} exited") from None
+    if status.tracer_pid:
+        raise already_traced(pid, status.tracer_pid)
+    if status.state in ("T", "t"):
+        raise stopped(pid, status.state)
+
+
 def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
     """Everything the attach needs to know about ``pid``; raises with the fix if it cannot."""
     if pid <= 0:
@@ -257,12 +276,12 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
     if version < (3, 9):
         raise NotPython(f"process {pid} runs Python {version[0]}.{version[1]}; "
                         "flight_profiler supports CPython 3.9 and later")
-    # A tracer (strace, a debugger that lets it run) is refused only on the way to an injection
-    # (``api.connect``, and each injector at its own attach): an agent already running answers
-    # on its socket whoever traces the process.
-    if status.state in ("T", "t"):
-        raise AttachFailed(f"process {pid} is stopped (state {status.state})",
-                           f"resume it with `kill -CONT {pid}` and retry")
+    # A tracer (strace, a debugger, another flight_profiler injecting right now, whose ptrace
+    # stop shows as state "t") is judged only on the way to an injection, under the attach lock
+    # (``check_injectable``): an agent already running answers whoever traces the process, and
+    # a concurrent attach is waited for, not mistaken for a debugger.
+    if status.state == "T" and not status.tracer_pid:
+        raise stopped(pid, status.state)
     if check_permissions:
         check_ptrace_allowed(status, os.geteuid(), _caller_caps(), pid)
     try:
