@@ -30,6 +30,15 @@ def busy():                        # a worker doing short steps between Python c
 def parked():                      # a thread waiting in a known blocking call
     stop.wait()
 
+held_lock = threading.Lock()
+held_lock.acquire()
+
+def aliased():                     # the stdlib's shape (multiprocessing's queue feeder thread):
+    nacquire = held_lock.acquire   # a blocking builtin bound to a local, then called
+    nacquire()
+    held_lock.release()
+    out["aliased_done"] = True
+
 own_events = [0]
 def own_profiler(frame, event, arg):
     own_events[0] += 1
@@ -43,7 +52,7 @@ def profiled():                    # a thread that runs its own profiler (cProfi
 
 out = {}
 threads = [threading.Thread(target=busy, name="busy"), threading.Thread(target=parked, name="parked"),
-           threading.Thread(target=profiled, name="profiled")]
+           threading.Thread(target=profiled, name="profiled"), threading.Thread(target=aliased, name="aliased")]
 for t in threads: t.start()
 time.sleep(0.1)
 
@@ -67,6 +76,7 @@ a.start()
 while a.is_alive():                # the main thread stays busy in Python too
     step()
 stop.set()
+held_lock.release()
 for t in threads: t.join()
 out["profile_left"] = sys.getprofile() is not None
 out["supported"] = thread_gate.supported()
@@ -86,10 +96,12 @@ def test_every_thread_is_held_then_released(version: str, tmp_path: Path) -> Non
     if not out["supported"]:
         pytest.skip(f"no thread gate on Python {version} (the main-thread safe point is used)")
     # THEN the busy worker made no step while held, and went on afterwards; the parked thread
-    # did not hold the gate up; the main thread has no profile function left
+    # did not hold the gate up, nor did one blocked in a lock's acquire called through a local
+    # alias (and it went on once the lock was free); the main thread has no profile function left
     assert out["moved_while_held"] == 0
     assert out["moved_after"] > 0
     assert out["took"] < 2.0
+    assert out["aliased_done"] is True
     assert out["profile_left"] is False
     # and a thread's own profiler was given back and kept receiving events
     assert out["own_profile_kept"] is True

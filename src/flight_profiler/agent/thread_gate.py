@@ -28,6 +28,7 @@ import dis
 import sys
 import threading
 import time
+import types
 from typing import Any, Callable
 
 AGENT_THREAD_PREFIX = "flight_profiler-"
@@ -194,6 +195,7 @@ def blocked_in(frame: Any) -> str | None:
         code = frame.f_code
         lasti = frame.f_lasti
         names: list[str] = []
+        local: set[str] = set()
         for ins in dis.get_instructions(code):
             if ins.offset >= lasti:
                 break
@@ -202,14 +204,44 @@ def blocked_in(frame: Any) -> str | None:
                     names = []
             elif ins.opname in _LOADS and isinstance(ins.argval, str):
                 names.append(ins.argval)
+                if ins.opname in ("LOAD_FAST", "LOAD_DEREF"):
+                    local.add(ins.argval)
             elif ins.starts_line:
                 names = []
         for name in reversed(names):
             if name in _BLOCKING:
                 return name
+        for name in reversed(names):
+            if name in local:
+                alias = _aliased_blocking_call(frame, name)
+                if alias is not None:
+                    return alias
     except Exception:
         return None
     return None
+
+
+def _aliased_blocking_call(frame: Any, name: str) -> str | None:
+    """The blocking builtin a local variable names: the stdlib binds them to locals in hot
+    loops (multiprocessing's queue feeder thread waits in ``nacquire = notempty.acquire``).
+
+    Before 3.13 reading ``f_locals`` fills a snapshot dict cached on the frame; it is emptied
+    again (safe unless a tracer or the function itself reads it back: then it is not read).
+    """
+    code = frame.f_code
+    snapshot = sys.version_info < (3, 13)
+    if snapshot and (frame.f_trace is not None or "locals" in code.co_names
+                     or "vars" in code.co_names):
+        return None
+    values = frame.f_locals
+    try:
+        value = values.get(name)
+        called = getattr(value, "__name__", None) if isinstance(value, types.BuiltinMethodType) else None
+    finally:
+        if snapshot:
+            values.clear()
+        values = value = None
+    return called if called in _BLOCKING else None
 
 
 def _where(frame: Any) -> str:
