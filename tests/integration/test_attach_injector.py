@@ -290,17 +290,28 @@ def test_a_timeout_says_what_the_agents_thread_is_doing(tmp_path) -> None:
         t.stop()
 
 
+SLEEP_LOOP = """
+    import time
+    print("READY", flush=True)
+    while True:
+        time.sleep(0.05)
+    """
+
+
+def tracer_script(pid: int, seconds: float, stop: bool = False) -> str:
+    """A tracer that PTRACE_SEIZEs ``pid`` (and with ``stop``, PTRACE_INTERRUPTs it: state "t"),
+    then exits after ``seconds``: the kernel detaches it and the target runs on."""
+    calls = [0x4206, 0x4207] if stop else [0x4206]
+    return ("import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            + "".join(f"assert libc.ptrace({c}, {pid}, None, None) == 0, ctypes.get_errno()\n"
+                      for c in calls)
+            + f"time.sleep({seconds})\n")
+
+
 def test_a_running_agent_answers_while_another_tracer_holds_the_process(tmp_path) -> None:
     # GIVEN a target with our agent in it, then a strace-like tracer that seizes it and lets it run
-    t = spawn("""
-        import time
-        print("READY", flush=True)
-        while True:
-            time.sleep(0.05)
-        """)
-    seize = (f"import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-             f"assert libc.ptrace(0x4206, {t.pid}, None, None) == 0, ctypes.get_errno()\n"
-             "time.sleep(4)\n")
+    t = spawn(SLEEP_LOOP)
+    seize = tracer_script(t.pid, seconds=4)
     tracer = None
     try:
         assert run_cli(str(t.pid), "--cmd", "status", env=no_gdb_env(tmp_path)).returncode == 0
@@ -328,16 +339,8 @@ def test_an_attach_waits_for_one_in_progress_instead_of_calling_it_a_debugger(tm
     from flight_profiler.attach import process
     from flight_profiler.attach.agent_dir import AgentDir
 
-    t = spawn("""
-        import time
-        print("READY", flush=True)
-        while True:
-            time.sleep(0.05)
-        """)
-    hold = (f"import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            f"assert libc.ptrace(0x4206, {t.pid}, None, None) == 0, ctypes.get_errno()\n"
-            f"assert libc.ptrace(0x4207, {t.pid}, None, None) == 0, ctypes.get_errno()\n"
-            "time.sleep(1.5)\n")  # exits: the kernel detaches and the target runs on
+    t = spawn(SLEEP_LOOP)
+    hold = tracer_script(t.pid, seconds=1.5, stop=True)
     try:
         target = process.inspect(t.pid)
         with AgentDir.open(target.uid, target.root) as directory, \
