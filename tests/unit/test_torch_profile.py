@@ -70,15 +70,21 @@ def test_rank_comes_from_the_environment(work, tmp_path, monkeypatch):
     assert trace["distributedInfo"]["rank"] == 3 and trace["traceName"] == "step-trace"
 
 
+def count_json_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each json.load the trace tools make (still loading)."""
+    loads: list[int] = []
+    real_load = json.load
+    monkeypatch.setattr(trace_tools.json, "load", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    return loads
+
+
 def test_a_trace_too_big_to_parse_in_the_target_is_copied_as_exported(work, tmp_path, monkeypatch):
     # GIVEN one profiler session (a window, or one call) whose export is above the parse limit
     # (lowered here): no json.load inside the target
     parsed = profile_method(work, {"calls": 1, "path": str(tmp_path / "small.json.gz")})[0]
     monkeypatch.setattr(trace_tools, "PARSE_LIMIT_BYTES", 0)
     monkeypatch.setenv("RANK", "2")
-    loads = []
-    real_load = json.load
-    monkeypatch.setattr(trace_tools.json, "load", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    loads = count_json_loads(monkeypatch)
     path = tmp_path / "big.pt.trace.json.gz"
     result, _ = profile_method(work, {"calls": 1, "path": str(path), "label": "big-one"})
     assert loads == []
@@ -97,9 +103,7 @@ def test_a_trace_too_big_to_parse_in_the_target_is_copied_as_exported(work, tmp_
 def test_the_next_calls_too_big_to_parse_are_joined_as_text(work, tmp_path, monkeypatch):
     # GIVEN three per-call sessions whose exports together exceed the parse limit (lowered)
     monkeypatch.setattr(trace_tools, "PARSE_LIMIT_BYTES", 0)
-    loads = []
-    real_load = json.load
-    monkeypatch.setattr(trace_tools.json, "load", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    loads = count_json_loads(monkeypatch)
     path = tmp_path / "calls.pt.trace.json.gz"
     result, _ = profile_method(work, {"calls": 3, "path": str(path), "label": "three"})
     assert loads == []
