@@ -50,7 +50,7 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     if duration is not None:
         prof, info = _window(ctx, torch, float(duration), use_cuda, options)
     else:
-        prof, info = _method(ctx, torch, spec, use_cuda, options)
+        prof, info = _method(ctx, torch, spec, use_cuda, options, os.path.dirname(path) or ".")
     name = ctx.arg("label") or f"flight_profiler pid {os.getpid()} {info.get('target', 'window')}"
     try:
         size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name))
@@ -106,7 +106,8 @@ def _schedule(ctx: Context) -> list[str] | None:
     return schedule_roles(wait, warmup, active, repeat)
 
 
-def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
+def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool],
+            export_dir: str) -> tuple[Any, dict[str, Any]]:
     if not isinstance(spec, dict):
         raise CommandError("torch profile needs `module [class] method`", "", ERR_USAGE)
     calls = int(ctx.arg("calls", 1) or 1)
@@ -115,7 +116,7 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     if roles is not None:
         calls = len(roles)
     per_call = PerCall(torch, {"activities": _activities(torch, use_cuda), **options}, roles,
-                       steps=roles is not None, sync_cuda=use_cuda)
+                       steps=roles is not None, sync_cuda=use_cuda, export_dir=export_dir)
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
                                         what="profile")
