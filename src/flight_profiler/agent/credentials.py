@@ -33,7 +33,11 @@ _home_threads: set[int] = set()  # the helper threads now acting with another fs
 
 
 def own_uids() -> tuple[int, int, int, int]:
-    return protocol.process_uids()
+    try:
+        return protocol.process_uids()
+    except (OSError, ValueError):  # no /proc: the thread's own view (fsuid follows euid)
+        real, effective, saved = os.getresuid()
+        return (real, effective, saved, effective)
 
 
 def home_uid() -> int:
