@@ -172,9 +172,9 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
     say = say or (_stderr_say if verbose else _say_nothing)
     started = time.monotonic()
     target = process.inspect(pid, check_permissions=False)
-    if os.geteuid() not in (0, target.uid):
+    if os.geteuid() not in (0, target.home):
         process.check_permissions(pid)  # names the uid, before the directory refuses us
-    with AgentDir.open(target.uid, target.root) as directory:
+    with AgentDir.open(target.home, target.root) as directory:
         where = _Where(target, directory)
         try:
             client = where.connect(timeout)
@@ -198,7 +198,7 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
         with directory.lock(lock, time.monotonic() + timeout, f"process {pid}"):
             from flight_profiler.attach import cleanup  # only on the way to an injection
 
-            for name in cleanup.sweep(directory):
+            for name in cleanup.sweep(directory, where.sock):
                 say(f"removed {name} (left by a process that has exited)")
             # another CLI may have attached while we waited for the lock
             try:
@@ -229,8 +229,9 @@ class _Where:
 
     def connect(self, timeout: float) -> AgentClient:
         t = self.target
+        # the listener carries the effective uid the job had when it bound: any of its uids
         return AgentClient.connect(self.directory.via_fd(self.sock), t.ns_pid, t.start_time,
-                                   timeout=timeout, peer=(t.pid, t.uid))
+                                   timeout=timeout, peer=(t.pid, *(t.uids or (t.uid,))))
 
     def log_size(self) -> int:
         return self.directory.size(self.log)

@@ -75,12 +75,12 @@ class AgentClient:
 
     @classmethod
     def connect(cls, path: str, pid: int, start_time: int, timeout: float = 5.0,
-                peer: tuple[int, int] | None = None) -> AgentClient:
+                peer: tuple[int, ...] | None = None) -> AgentClient:
         """Connect and handshake; raise NoAgent if no live agent of THIS process answers.
 
         A socket file whose agent is gone (ECONNREFUSED), or whose hello names another process
         (a reused pid), is stale: it is removed so the next attach starts clean. ``peer``:
-        (pid as we see it, uid) the listening process must have (SO_PEERCRED, checked before
+        (pid as we see it, *uids) the listening process must have (SO_PEERCRED, checked before
         a byte is sent: whoever could plant a socket there learns nothing).
         """
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -103,7 +103,7 @@ class AgentClient:
             raise NoAgent(f"cannot connect: {exc}") from None
         if peer is not None:
             peer_pid, peer_uid = _peer_of(sock)
-            if peer_pid != peer[0] or peer_uid not in (peer[1], 0):
+            if peer_pid != peer[0] or peer_uid not in (*peer[1:], 0):
                 sock.close()
                 raise NoAgent(f"the socket is served by process {peer_pid} (uid {peer_uid}), "
                               f"not by process {peer[0]}")

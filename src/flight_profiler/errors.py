@@ -190,8 +190,31 @@ def pyrasite_missing() -> AttachFailed:
 
 def cannot_write(path: str, exc: OSError) -> FlightProfilerError:
     """A report or diff could not be written where the user asked."""
+    from flight_profiler.atomic_files import NotRegularFile
+
+    if isinstance(exc, NotRegularFile):  # a device node, FIFO, directory or symlink there
+        return FlightProfilerError(f"cannot write {path}: it is {exc.strerror}",
+                                   "pass the path of a regular file (a report replaces it "
+                                   "whole), or leave out -o to print the report")
     return FlightProfilerError(f"cannot write {path}: {exc.strerror or exc}",
                                "Check that the directory exists and is writable.")
+
+
+def cannot_stage(path: str, exc: OSError) -> AttachFailed:
+    """The target's /tmp refused the agent's files (full, read-only, or a user namespace that
+    cannot represent the owner): said before the target is touched."""
+    import errno
+
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free some space in the target's /tmp (`df -h /tmp`) and retry"
+    elif exc.errno == errno.EROFS:
+        hint = ("the target's /tmp is read-only: give it a writable /tmp (e.g. a tmpfs: "
+                "`docker run --tmpfs /tmp`) for the agent's socket")
+    else:
+        hint = "run flight_profiler as the target's user, inside its container"
+    return AttachFailed(f"cannot write the agent's files in {path}: {why}; the target was not "
+                        "touched", hint)
 
 
 def from_remote(error: dict[str, Any]) -> FlightProfilerError:

@@ -2,7 +2,9 @@
 
 Security: the socket lives in a directory only the target's user can enter (0700, owned by that
 uid, checked with lstat so a planted symlink is refused), the socket itself is 0600, and every
-connection's peer uid (SO_PEERCRED) must be root or the target's uid. JSON frames only.
+connection's peer uid (SO_PEERCRED) must be one the kernel would let ptrace the process: root,
+or its user if all its uids are that user's (``credentials``). A process with mixed uids (a root
+job that called seteuid) is served to root alone, from root's directory. JSON frames only.
 
 Each connection gets a reader thread; each request runs in its own worker thread so that the
 reader can still see ``cancel`` or a disconnect and cancel the request. ``detach`` removes every
@@ -30,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from . import limits, protocol, registry
+from . import credentials, limits, protocol, registry
 from .outbox import Outbox
 
 AGENT_VERSION = "0.1.0"
@@ -51,7 +53,7 @@ _in_use_fd: int | None = None
 class Server:
     def __init__(self, params: dict[str, Any]) -> None:
         self.pid = os.getpid()
-        self.uid = os.geteuid()
+        self.uid = credentials.home_uid()  # whose directory holds the socket and log
         self.start_time = protocol.process_start_time(self.pid)
         self.directory = protocol.socket_dir(self.uid)
         self.path = _socket_path(self.directory, params)
@@ -76,6 +78,9 @@ class Server:
         log.info("agent %s listening on %s", AGENT_VERSION, self.path)
 
     def _bind(self) -> socket.socket:
+        return credentials.as_home(self.uid, self._bind_in_home)
+
+    def _bind_in_home(self) -> socket.socket:
         ensure_private_dir(self.directory, self.uid)
         tmp = os.path.join(self.directory, f".agent-{self.pid}-{threading.get_ident()}.tmp")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -106,7 +111,7 @@ class Server:
         old_path, self.path = self.path, path
         if old_path != path and self.socket_intact_at(old_path):
             with contextlib.suppress(OSError):
-                os.unlink(old_path)
+                credentials.as_home(self.uid, lambda: os.unlink(old_path))
         listener = self._bind()
         old, self.listener = self.listener, listener
         if old is not None:  # wakes the accept loop, which then takes the new listener
@@ -116,7 +121,7 @@ class Server:
 
     def socket_intact_at(self, path: str) -> bool:
         try:
-            st = os.lstat(path)
+            st = credentials.as_home(self.uid, lambda: os.lstat(path))
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self._bound
@@ -156,7 +161,7 @@ class Server:
         if os.getpid() != self.pid or not self.socket_intact():
             return
         with contextlib.suppress(OSError):
-            os.unlink(self.path)
+            credentials.as_home(self.uid, lambda: os.unlink(self.path))
 
     # -- serving -------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -189,7 +194,7 @@ class Server:
             self._conns.add(conn)
         try:
             peer_uid = self._peer_uid(conn)
-            if peer_uid not in (0, self.uid):
+            if not credentials.may_connect(peer_uid):
                 log.warning("refused a connection from uid %s", peer_uid)
                 return
             connection = Connection(self, conn)
@@ -367,16 +372,28 @@ def _shutdown_quietly(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-def _setup_logging(path: str) -> None:
+def _setup_logging(path: str, home: int) -> None:
     log.propagate = False  # never reach the target's own handlers (they may print)
     log.setLevel(logging.INFO)
     for handler in list(log.handlers):
         log.removeHandler(handler)
         handler.close()
-    handler = logging.handlers.RotatingFileHandler(path, maxBytes=_LOG_BYTES, backupCount=1,
-                                                   encoding="utf-8", delay=True)
+    handler = _HomeLog(path, maxBytes=_LOG_BYTES, backupCount=1, encoding="utf-8", delay=True)
+    handler.home = home
     handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
     log.addHandler(handler)
+
+
+class _HomeLog(logging.handlers.RotatingFileHandler):
+    """Opens and rotates the log with the file-system identity of its directory's owner."""
+
+    home = -1
+
+    def _open(self) -> Any:
+        return credentials.as_home(self.home, super()._open)
+
+    def doRollover(self) -> None:
+        credentials.as_home(self.home, super().doRollover)
 
 
 def _after_fork_in_child() -> None:
@@ -453,10 +470,10 @@ def start(params: dict[str, Any]) -> None:
             assert _server is not None
             _server.rebind(params)
             return
-        uid = os.geteuid()
-        ensure_private_dir(protocol.socket_dir(uid), uid)
+        uid = credentials.home_uid()
+        credentials.as_home(uid, lambda: ensure_private_dir(protocol.socket_dir(uid), uid))
         server = Server(params)
-        _setup_logging(server.log_path)
+        _setup_logging(server.log_path, uid)
         _hold_staged_copy(params)
         server.open()
         _server = server

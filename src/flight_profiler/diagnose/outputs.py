@@ -31,15 +31,15 @@ def build_report(result: DiagnoseResult) -> PhaseResult:
     """Analyse the artefacts and write report.{md,json,html} into the output directory."""
     phase = PhaseResult("report", "Report", started=time.time())
     started = time.monotonic()
-    paths = [f for f in result.artefacts if os.path.exists(f)]
+    paths = [f for f in result.artefacts if os.path.lexists(f)]
     try:
         if not paths:
             phase.status, phase.reason = SKIPPED, "no artefact was written to analyse"
             return phase
         from flight_profiler.render.formats import render_report
-        from flight_profiler.report import analyze
 
-        report = analyze(paths)
+        # through descriptors where the target's user could have swapped an artefact
+        report = evidence.analyze_artefacts(paths, evidence.target_uids(result.options.pid))
         # Live evidence no artefact carries (the loop's share, the loaders' settings).
         report.findings = evidence.merge(result, report.findings)
         result.report = report
@@ -178,23 +178,69 @@ def _inject_html(page: str, section: str) -> str:
 
 
 def prepare_out_dir(path: str, pid: int) -> None:
-    """Create the output directory; the agent (running as the target's user) writes into it."""
+    """Create the output directory; the agent (running as the target's user) writes into it.
+
+    As root diagnosing another user's job, a directory made here is handed to that user
+    (fchown on the descriptor of the very directory made, so that their agent can write its
+    artefacts); an existing directory is never handed over: if that user cannot write in it,
+    the diagnosis is refused before the target is touched.
+    """
     from flight_profiler.errors import UsageError
 
+    created = False
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            os.mkdir(path)
+            created = True
+        except FileExistsError:
+            pass
     except OSError as exc:
         raise UsageError(f"cannot create the output directory {path}: {exc.strerror}",
                          "pass a writable --out DIR") from None
-    if os.geteuid() == 0:
-        # Root diagnosing another user's job: let that user's agent write the artefacts.
-        # /proc/PID belongs to the process' effective uid and gid.
-        try:
-            owner = os.stat(f"/proc/{pid}")
-            if owner.st_uid != 0 and not os.listdir(path):
-                os.chown(path, owner.st_uid, owner.st_gid)
-        except OSError:
-            pass
+    writer = _writer_of(pid) if os.geteuid() == 0 else None
+    if writer is None or writer[0] == 0:
+        return
+    uid, gid, groups = writer
+    try:
+        # what we made is entered without following a link (it may have been swapped since)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                     | (os.O_NOFOLLOW if created else 0))
+    except OSError as exc:
+        raise UsageError(f"cannot use the output directory {path}: {exc.strerror}",
+                         "pass a directory path") from None
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == 0:
+            os.fchown(fd, uid, gid)  # the directory made just now, and only that one
+        elif not _writable_by(st, uid, groups):
+            raise UsageError(
+                f"--out {path} exists and uid {uid}, whose job this is, cannot write its "
+                "artefacts in it (an existing directory is never handed over)",
+                f"pass a directory that does not exist yet (it is made for uid {uid}), or one "
+                f"uid {uid} can write")
+    finally:
+        os.close(fd)
+
+
+def _writer_of(pid: int) -> tuple[int, int, set[int]] | None:
+    """The uid and gid the target's agent creates files as (file-system ids), and its groups."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        uid, gid = int(fields["Uid"].split()[3]), int(fields["Gid"].split()[3])
+        groups = {int(g) for g in fields.get("Groups", "").split()} | {gid}
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    return uid, gid, groups
+
+
+def _writable_by(st: os.stat_result, uid: int, groups: set[int]) -> bool:
+    if st.st_uid == uid:
+        return st.st_mode & 0o300 == 0o300
+    if st.st_gid in groups:
+        return st.st_mode & 0o030 == 0o030
+    return st.st_mode & 0o003 == 0o003
 
 
 def verdict(code: int, fail_on: str | None, gaps: int) -> FlightProfilerError:
