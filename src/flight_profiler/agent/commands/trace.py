@@ -4,7 +4,8 @@ Args (built by requests/hooks.py)::
 
     target      {"module", "class", "method", "nested"}
     min_ms      hide subtrees faster than this (default 0.1), summarised with a count
-    depth       show this many levels below the traced call (default 0: all)
+    depth       show this many levels below the traced call (default 0: all, at most
+                MAX_TREE_DEPTH)
     count       stop after this many matching calls
     filter      expression over params/kwargs/target/return_obj/throw_exp/cost (as watch)
     timeout     stop after this many seconds
@@ -32,7 +33,8 @@ import time
 import types
 from typing import Any, Callable
 
-from .. import hooks, values
+from .. import depth_guard, hooks, shield, values
+from ..hook_gate import Gate, calls_nothing
 from ..hook_registry import HOOK_FILE_PREFIX
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
@@ -40,6 +42,10 @@ from ..targets import resolve
 from .watch import QUEUE_MAX, Pump, at_entry, compile_call_function, number_arg
 
 MAX_NODES = 20000
+# Levels of the tree shown below the traced call, whatever -d says: the tree is built by
+# recursion on the target's thread and sent as nested JSON, so its depth must stay bounded
+# even below a function recursing 10,000 deep in a target that raised its recursion limit.
+MAX_TREE_DEPTH = 100
 # The agent's own callbacks (another hook's on_enter/on_exit met inside the traced call).
 _AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _AGENT_FILES = ("<-f>", "<--expr>")
@@ -77,43 +83,49 @@ def make_recorder(
         return node
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            if stack:
-                children = stack[-1][2]
-            elif frame.f_code is code and not info[1]:
-                children = root
-            else:
-                return
-            key: Any = frame.f_code
-        elif event == "return":
-            if stack:
+        node: list[Any]
+        try:  # nothing of ours may reach the traced code (it would also unset us)
+            if not stack:
+                if event == "call" and frame.f_code is code and not info[1]:
+                    children, key = root, code
+                else:
+                    if info[1] and sys.getprofile() is profile:
+                        sys.setprofile(None)  # over, but still set: our exit never ran
+                    return
+            elif event == "call":
+                children, key = stack[-1][2], frame.f_code
+            elif event == "return":
                 node = pop()
                 node[1] += clock()
                 if not stack:
                     info[1] = 1
-            return
-        elif not c_calls or not stack:
-            return
-        elif event == "c_call":
-            owner = getattr(arg, "__self__", None)
-            # A method bound per call (list.append, Tensor.sum) is keyed by (type, name) so its
-            # calls aggregate (and an unhashable instance is never hashed); module functions
-            # and pybind11 functions (bound to a capsule) are stable objects.
-            if owner is None or type(owner) is _ModuleType or type(owner) is _CAPSULE:
-                key = arg
-            else:
-                key = (type(owner), arg.__name__)
-            children = stack[-1][2]
-        else:  # c_return, c_exception
-            node = pop()
-            node[1] += clock()
-            return
-        node = children.get(key)
-        if node is None:
-            node = new_node(children, key)
-        node[0] += 1
-        node[1] -= clock()
-        push(node)
+                return
+            elif not c_calls:
+                return
+            elif event == "c_call":
+                owner = getattr(arg, "__self__", None)
+                # A method bound per call (list.append, Tensor.sum) is keyed by (type, name)
+                # so its calls aggregate (and an unhashable instance is never hashed); module
+                # functions and pybind11 functions (bound to a capsule) are stable objects.
+                if owner is None or type(owner) is _ModuleType or type(owner) is _CAPSULE:
+                    key = arg
+                else:
+                    key = (type(owner), arg.__name__)
+                children = stack[-1][2]
+            else:  # c_return, c_exception
+                node = pop()
+                node[1] += clock()
+                return
+            found = children.get(key)
+            node = found if found is not None else new_node(children, key)
+            node[0] += 1
+            node[1] -= clock()
+            push(node)
+        except BaseException as exc:
+            info[1] = 1
+            if sys.getprofile() is profile:
+                sys.setprofile(None)
+            shield.swallow(exc)
 
     return profile, root, info
 
@@ -187,6 +199,14 @@ class _State:
         self.lock = threading.Lock()
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
 
+    def filter_failed(self, err: BaseException) -> bool:
+        """The filter raised ``err``: the call does not match (True: reject it)."""
+        shield.swallow(err)
+        self.filter_errors += 1
+        if not self.first_filter_error:
+            self.first_filter_error = values.render_exception(err)
+        return True
+
 
 def handle_trace(ctx: Context) -> dict[str, Any]:
 
@@ -199,7 +219,8 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             ERR_USAGE,
         )
     min_ms = number_arg(ctx, "min_ms", 0.1, float)
-    max_depth = number_arg(ctx, "depth", 0)
+    asked_depth = number_arg(ctx, "depth", 0)
+    max_depth = min(asked_depth or MAX_TREE_DEPTH, MAX_TREE_DEPTH)
     limit = number_arg(ctx, "count", 0)
     timeout = number_arg(ctx, "timeout", 0, float)
     c_calls = bool(ctx.arg("c_calls"))
@@ -209,14 +230,16 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
     state = _State()
     min_ns = int(min_ms * 1e6)
 
+    guarded = bool(condition) and not calls_nothing(condition)
+
     def passes(args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> bool:
+        shift = depth_guard.bounded() if guarded else 0
         try:
             return check is None or bool(check(args, kwargs, value, exc, elapsed))
-        except Exception as err:
-            state.filter_errors += 1
-            if not state.first_filter_error:
-                state.first_filter_error = values.render_exception(err)
-            return False
+        except BaseException as err:
+            return not state.filter_failed(err)
+        finally:
+            depth_guard.release(shift)
 
     def on_enter(args: tuple[Any, ...], kwargs: Any) -> Any:
         state.calls += 1
@@ -224,6 +247,10 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             return hooks.SKIP
         if entry_filter and not passes(args, kwargs, None, None, 0):
             return hooks.SKIP
+        return start(args, kwargs)
+
+    def start(args: tuple[Any, ...], kwargs: Any) -> Any:
+        """A call past the entry filter: profile it (unless that cannot be done now)."""
         if sys.getprofile() is not None:  # never replace a profiler (ours, nested, or the user's)
             state.skipped_profiled += 1
             return hooks.SKIP
@@ -250,6 +277,14 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             if len(state.queue) >= QUEUE_MAX:
                 state.dropped += 1
                 return
+        shift = depth_guard.bounded()  # reprs may recurse: bounded
+        try:
+            state.queue.append(_event(n, root, info, value, exc, elapsed, args))
+        finally:
+            depth_guard.release(shift)
+
+    def _event(n: int, root: dict[Any, list[Any]], info: list[int], value: Any, exc: Any,
+               elapsed: int, args: tuple[Any, ...]) -> dict[str, Any]:
         # the target call itself is the single root; its children are what it called
         nodes = list(root.values())
         body: dict[Any, list[Any]] = nodes[0][2] if nodes else {}
@@ -269,13 +304,16 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             "exception": values.render_exception(exc) if exc is not None else None,
             "nodes": info[0], "tree": tree,
         }
-        state.queue.append(event)
+        return event
 
-    remove = hooks.install(target, on_enter, on_exit)
+    gate = Gate(state, state.filter_failed, on_exit, entry=condition if entry_filter else "",
+                bound_first=target.bound_first, on_pass_enter=start)
+    remove = hooks.install(target, on_enter, on_exit, gate=gate)
     ctx.add_hook(f"trace {target.description}", remove)
     started = time.monotonic()
     ctx.emit({
-        "type": "tracing", "target": target.description, "min_ms": min_ms, "depth": max_depth,
+        "type": "tracing", "target": target.description, "min_ms": min_ms,
+        "depth": asked_depth,
         "count": limit, "filter": condition, "c_calls": c_calls,
     })
     pump = Pump(ctx, state, started, timeout)

@@ -31,8 +31,9 @@ import time
 import types
 from typing import Any, Callable, Protocol
 
-from .. import hooks, values
+from .. import depth_guard, hooks, shield, values
 from ..expressions import split_top_level
+from ..hook_gate import Gate, calls_nothing
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..targets import Target, resolve
@@ -60,11 +61,13 @@ def number_arg(ctx: Context, name: str, default: float, kind: type = int) -> Any
 
 
 class ExprError:
-    """Stands for the value of an expression that raised (shown, never fatal)."""
+    """Stands for the value of an expression that raised (shown, never fatal): SystemExit,
+    KeyboardInterrupt and GeneratorExit included (shield.py)."""
 
     __slots__ = ("text",)
 
     def __init__(self, exc: BaseException) -> None:
+        shield.swallow(exc)
         self.text = f"<error: {values.render_exception(exc)}>"
 
 
@@ -120,7 +123,7 @@ def compile_call_function(
             lines += [
                 "    try:",
                 f"        __fp_v{i}__ = ({text}\n)",
-                "    except Exception as __fp_e__:",
+                "    except BaseException as __fp_e__:",
                 f"        __fp_v{i}__ = __fp_err__(__fp_e__)",
             ]
         lines.append("    return (" + "".join(f"__fp_v{i}__, " for i in range(len(exprs))) + ")")
@@ -136,14 +139,19 @@ def at_entry(condition: str) -> bool:
 
 
 def _filter_lines(condition: str, target: Target, reject: str) -> list[str]:
+    # A filter that calls something may recurse: bounded (depth_guard.py); one that calls
+    # nothing costs no more than itself.
+    guarded = not calls_nothing(condition)
     return [
         *_prelude(set(check_syntax(condition, "-f").co_names), target),
+        *(["    __fp_d__ = __fp_bounded__()"] if guarded else []),
         "    try:",
         f"        if not ({condition}\n):",
         f"            return {reject}",
-        "    except Exception as __fp_e__:",
+        "    except BaseException as __fp_e__:",
         "        __fp_s__.filter_failed(__fp_e__)",
         f"        return {reject}",
+        *(["    finally:", "        __fp_release__(__fp_d__)"] if guarded else []),
     ]
 
 
@@ -156,8 +164,9 @@ def compile_gate(
     those then run untimed, paying only for this one function. Any other filter runs on exit.
     """
     stop = "    if __fp_s__.stopped" + (" or throw_exp is None" if only_exceptions else "") + ":"
+    guard = "__fp_bounded__=None, __fp_release__=None"
     exit_lines = [
-        "def __fp_gate__(__fp_t__, return_obj, throw_exp, __fp_ns__, __fp_s__=None):",
+        f"def __fp_gate__(__fp_t__, return_obj, throw_exp, __fp_ns__, __fp_s__=None, {guard}):",
         *([] if at_entry(condition) else ["    __fp_s__.calls += 1"]),
         stop,
         "        return",
@@ -166,18 +175,27 @@ def compile_gate(
     if condition and not at_entry(condition):
         exit_lines += _filter_lines(condition, target, "")
     exit_lines.append("    __fp_s__.matched(__fp_a__, kwargs, return_obj, throw_exp, __fp_ns__)")
-    on_exit = _build(exit_lines, target, "-f", (state,))
+    guards = (depth_guard.bounded, depth_guard.release)
+    on_exit = _build(exit_lines, target, "-f", (state, *guards))
     if not at_entry(condition):
         return None, on_exit
     enter_lines = [
-        "def __fp_gate_enter__(__fp_a__, kwargs, __fp_s__=None, __fp_skip__=None):",
+        f"def __fp_gate_enter__(__fp_a__, kwargs, __fp_s__=None, __fp_skip__=None, {guard}):",
         "    __fp_s__.calls += 1",
         "    if __fp_s__.stopped:",
         "        return __fp_skip__",
         *_filter_lines(condition, target, "__fp_skip__"),
         "    return (__fp_a__, kwargs)",
     ]
-    return _build(enter_lines, target, "-f", (state, hooks.SKIP)), on_exit
+    return _build(enter_lines, target, "-f", (state, hooks.SKIP, *guards)), on_exit
+
+
+def make_gate(condition: str, only_exceptions: bool, target: Target, state: _State) -> Gate:
+    """The same filter as :func:`compile_gate`'s, for the wrapper to run inline (hook_gate.py)."""
+    entry = at_entry(condition)
+    return Gate(state, state.filter_failed, state.passed,
+                entry=condition if entry else "", exit="" if entry else condition,
+                raised_only=only_exceptions, bound_first=target.bound_first)
 
 
 class _State:
@@ -200,10 +218,17 @@ class _State:
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
         self.busy = threading.local()  # set while rendering: ignore re-entrant calls
 
-    def filter_failed(self, err: BaseException) -> None:
+    def filter_failed(self, err: BaseException) -> bool:
+        """The filter raised ``err``: the call does not match (True: reject it)."""
+        shield.swallow(err)
         self.filter_errors += 1
         if not self.first_filter_error:
             self.first_filter_error = values.render_exception(err)
+        return True
+
+    def passed(self, token: tuple[Any, Any], value: Any, exc: Any, elapsed: int) -> None:
+        """A call past the inline gate (its token is the arguments)."""
+        self.matched(token[0], token[1], value, exc, elapsed)
 
     def matched(self, args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> None:
         n = next(self.counter)
@@ -216,9 +241,11 @@ class _State:
             self.dropped += 1
         elif not getattr(busy, "on", False):  # a repr that calls the watched function
             busy.on = True
+            shift = depth_guard.bounded()  # expressions and reprs may recurse: bounded
             try:
                 self.queue.append(self.render(n, args, kwargs, value, exc, elapsed))
             finally:
+                depth_guard.release(shift)
                 busy.on = False
         if n == limit:  # after the append, so the handler's last flush sends it
             self.stopped = True
@@ -336,7 +363,8 @@ def handle_watch(ctx: Context) -> dict[str, Any]:
 
     state = _State(limit, render)
     on_enter, on_exit = compile_gate(condition, only_exceptions, target, state)
-    remove = hooks.install(target, on_enter, on_exit)
+    gate = make_gate(condition, only_exceptions, target, state)
+    remove = hooks.install(target, on_enter, on_exit, gate=gate)
     ctx.add_hook(f"watch {target.description}", remove)
     started = time.monotonic()
     ctx.emit({
