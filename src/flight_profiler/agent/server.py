@@ -314,7 +314,10 @@ class Connection:
         self._busy = False  # a request is running (cleared before its final message is sent)
 
     def send(self, message: dict[str, Any]) -> None:
-        data = protocol.encode(message)
+        self.send_bytes(protocol.encode(message))
+
+    def send_bytes(self, data: bytes) -> None:
+        """Write whole frames (one or several) at once."""
         with self._send_lock:
             self.conn.sendall(data)
 
@@ -369,7 +372,8 @@ class Connection:
             self._error(req_id, protocol.ERR_USAGE, f"{cmd}: request refused: {problem}",
                         "shorten or simplify it")
             return True
-        outbox = Outbox(self.send, req_id, THREAD_PREFIX + "events")
+        outbox = Outbox(self.send, req_id, THREAD_PREFIX + "events", encode=protocol.encode,
+                        send_bytes=self.send_bytes)
         ctx = registry.Context(args if isinstance(args, dict) else {},
                                emit=outbox.emit, agent=self.server.state)
         worker = threading.Thread(

@@ -169,8 +169,12 @@ _FAST = frozenset({int, float, bool, type(None)})  # exact types whose repr is s
 
 def render(value: Any, depth: int = 1, limit: int = MAX_TOTAL) -> str:
     """``value`` as text: containers/objects expanded ``depth`` levels, capped at ``limit``."""
-    if type(value) in _FAST:  # the common case in a flood of calls: no lookups at all
+    kind = type(value)
+    if kind in _FAST:  # the common case in a flood of calls: no lookups at all
         return repr(value)
+    if (kind is tuple or kind is list) and len(value) <= MAX_ITEMS and all(
+            type(v) in _FAST for v in value):  # arguments of plain numbers: shown as Python does
+        return cap(repr(value), MAX_REPR if depth <= 0 else limit)
     try:
         return cap(_render(value, depth, sys.modules.get("torch"), sys.modules.get("numpy")), limit)
     except BaseException as exc:  # belt and braces: rendering must never raise

@@ -60,47 +60,43 @@ def make_recorder(
     """A ``sys.setprofile`` function recording the call-path tree below ``code``.
 
     Returns (profile function, root children, [node count, done flag]). A node is a list
-    ``[count, total_ns, children]``; children are keyed by code object (Python) or callable
-    (C). This runs on every call and return inside the traced call, hence the closures over
-    locals and the trick for inclusive time: a node subtracts the clock when entered and adds it
-    when left (a call path is on the stack at most once, so no start time needs storing).
+    ``[count, total_ns, children, what]``, ``what`` its code object (Python) or callable (C);
+    children are keyed by ``id(code)`` for Python (a code object's hash is recomputed from its
+    constants on every lookup: microseconds for a big function; the tree holds the code, so
+    the id stays its own) and by the callable for C. This runs on every call and return inside
+    the traced call, hence the closures over locals and the trick for inclusive time: a node
+    subtracts the clock when entered and adds it when left (a call path is on the stack at most
+    once, so no start time needs storing).
     """
-    clock = time.perf_counter_ns
+    clock = _clock
     root: dict[Any, list[Any]] = {}
     stack: list[list[Any]] = []
     push, pop = stack.append, stack.pop
     info = [0, 0]  # nodes, done
-    overflow_key = "<more call paths than the trace keeps>"
-
-    def new_node(children: dict[Any, list[Any]], key: Any) -> list[Any]:
-        if info[0] >= MAX_NODES:
-            key = overflow_key
-            node = children.get(key)
-            if node is not None:
-                return node
-        node = children[key] = [0, 0, {}]
-        info[0] += 1
-        return node
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         node: list[Any]
         try:  # nothing of ours may reach the traced code (it would also unset us)
-            if not stack:
-                if event == "call" and frame.f_code is code and not info[1]:
-                    children, key = root, code
+            if event == "call":
+                what = frame.f_code
+                if stack:
+                    children = stack[-1][2]
+                elif what is code and not info[1]:
+                    children = root
                 else:
                     if info[1] and sys.getprofile() is profile:
-                        sys.setprofile(None)  # over, but still set: our exit never ran
+                        sys.setprofile(None)  # over, but still set (its exit never ran)
                     return
-            elif event == "call":
-                children, key = stack[-1][2], frame.f_code
             elif event == "return":
-                node = pop()
-                node[1] += clock()
-                if not stack:
-                    info[1] = 1
+                if stack:
+                    node = pop()
+                    node[1] += clock()
+                    if not stack:  # the traced call returned: stop paying at once (the
+                        info[1] = 1  # wrapper's own work after it would be events too)
+                        if sys.getprofile() is profile:
+                            sys.setprofile(None)
                 return
-            elif not c_calls:
+            elif not c_calls or not stack:
                 return
             elif event == "c_call":
                 owner = getattr(arg, "__self__", None)
@@ -108,16 +104,23 @@ def make_recorder(
                 # so its calls aggregate (and an unhashable instance is never hashed); module
                 # functions and pybind11 functions (bound to a capsule) are stable objects.
                 if owner is None or type(owner) is _ModuleType or type(owner) is _CAPSULE:
-                    key = arg
+                    what = arg
                 else:
-                    key = (type(owner), arg.__name__)
+                    what = (type(owner), arg.__name__)
                 children = stack[-1][2]
+                found = children.get(what)
+                node = found if found is not None else _new_node(children, what, what, info)
+                node[0] += 1
+                node[1] -= clock()
+                push(node)
+                return
             else:  # c_return, c_exception
                 node = pop()
                 node[1] += clock()
                 return
+            key = id(what)
             found = children.get(key)
-            node = found if found is not None else new_node(children, key)
+            node = found if found is not None else _new_node(children, key, what, info)
             node[0] += 1
             node[1] -= clock()
             push(node)
@@ -128,6 +131,21 @@ def make_recorder(
             shield.swallow(exc)
 
     return profile, root, info
+
+
+_clock = time.perf_counter_ns
+_OVERFLOW_KEY = "<more call paths than the trace keeps>"
+
+
+def _new_node(children: dict[Any, list[Any]], key: Any, what: Any, info: list[int]) -> list[Any]:
+    if info[0] >= MAX_NODES:
+        key = what = _OVERFLOW_KEY
+        node = children.get(key)
+        if node is not None:
+            return node
+    node = children[key] = [0, 0, {}, what]
+    info[0] += 1
+    return node
 
 
 def _describe(key: Any) -> tuple[str, str, int]:
@@ -157,7 +175,7 @@ def build_tree(
     """Render children to plain data: (shown nodes, hidden call count, hidden ns)."""
     shown: list[dict[str, Any]] = []
     hidden_calls = hidden_ns = 0
-    for key, (count, total, sub) in children.items():
+    for count, total, sub, key in children.values():
         if isinstance(key, types.CodeType):
             if key.co_filename.startswith(HOOK_FILE_PREFIX):
                 # a hook's wrapper (a watch elsewhere, a recursive call of the traced function):
@@ -231,9 +249,10 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
     min_ns = int(min_ms * 1e6)
 
     guarded = bool(condition) and not calls_nothing(condition)
+    getlimit = sys.getrecursionlimit
 
     def passes(args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> bool:
-        shift = depth_guard.bounded() if guarded else 0
+        shift = depth_guard.bounded() if guarded and getlimit() > depth_guard.SAFE_LIMIT else 0
         try:
             return check is None or bool(check(args, kwargs, value, exc, elapsed))
         except BaseException as err:
