@@ -44,7 +44,11 @@ swapped too.
 Why not ``sys.monitoring`` on 3.12+: its PY_START event does not carry the arguments (reading
 them back through the frame costs more than this whole wrapper), and PY_UNWIND (a function
 ending by an exception) can only be enabled globally, which would make every function in the
-process pay. Measured in bench/bench_watch.py.
+process pay. "Disabled locations cost nothing" helps only code nobody needs to see: a filter must
+see every call, and the wrapper with the filter written into it (hook_gate.py) rejects one for
+less than a monitoring callback costs. trace needs events from every function the traced call
+reaches, not one code object's, and monitoring events are interpreter-wide (every thread would
+pay), where ``sys.setprofile`` is the calling thread's alone. Measured in bench/bench_watch.py.
 
 Visible while hooked: one extra frame (file ``<flight_profiler hook ...>``) between a caller and
 the hooked function in tracebacks and ``sys._getframe``, and ``inspect.getsource`` of the
