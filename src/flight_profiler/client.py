@@ -118,6 +118,15 @@ class AgentClient:
         except (OSError, protocol.ProtocolError) as exc:
             sock.close()
             raise NoAgent(f"agent did not complete the handshake: {exc}") from None
+        if hello is not None and hello.get("type") == "error":
+            # an agent that serves but refused this connection (too many open, no thread to
+            # spare): injecting again would not help, its reason is the message
+            sock.close()
+            error = hello.get("error")
+            if not isinstance(error, dict):
+                error = {}
+            raise AttachFailed(f"the agent refused the connection: {error.get('message', '?')}",
+                               str(error.get("hint") or "retry in a moment"))
         if hello is None or hello.get("type") != "hello":
             sock.close()
             raise NoAgent("agent closed the connection during the handshake")

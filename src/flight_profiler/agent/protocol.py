@@ -136,8 +136,13 @@ def process_start_time(pid: int) -> int:
     return int(rest[19])
 
 
+# One encoder for every frame: json.dumps with options builds a JSONEncoder per call, a good
+# part of a small event's cost when a watch streams thousands a second (encode is reentrant).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":"), default=str).encode("utf-8")
+    body = _ENCODER.encode(message).encode("utf-8")
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME_BYTES} limit")
     return _HEADER.pack(len(body)) + body
