@@ -47,6 +47,7 @@ from flight_profiler.errors import (
     FlightProfilerError,
 )
 from flight_profiler.requests import AgentRequest, deadlines
+from flight_profiler.safe_text import safe_text
 
 if TYPE_CHECKING:
     from flight_profiler.attach.inject import Injection
@@ -189,7 +190,8 @@ def _say_nothing(_: str) -> None:
 
 
 def _stderr_say(text: str) -> None:
-    sys.stderr.write(f"[attach] {text}\n")
+    # what it says may quote the target (its agent log's last line, a hello's fields)
+    sys.stderr.write(f"[attach] {safe_text(text)}\n")
     sys.stderr.flush()
 
 
