@@ -25,6 +25,7 @@ ACTION, one of::
     {"big_result": BYTES, "shape": "dicts" | "lists" | "strings" | "ints"}
                                           # a result frame of about BYTES made of that
     {"sleep": SECONDS} / {"silence": true} / {"close": true}
+    {"until_cancel": true}                # wait for the client's cancel (a slow, honest agent)
 
 From a test, :class:`FakeAgent` starts one (a context manager: ``with FakeAgent(spec) as fake``,
 then ``fake.pid``, ``fake.received()``). Every message the client sends is appended to RECEIVED (SPEC.json + ".received", JSON lines),
@@ -89,6 +90,7 @@ class Conversation:
         self.requests: list[dict[str, Any]] = []
         self.arrived = threading.Condition()
         self.closed = False
+        self.cancelled = threading.Event()
 
     def bytes_of(self, action: dict[str, Any], req_id: Any) -> bytes:
         if "hello" in action:
@@ -116,6 +118,9 @@ class Conversation:
             elif "silence" in action:
                 while not self.closed:
                     time.sleep(0.1)
+            elif "until_cancel" in action:
+                while not self.cancelled.wait(0.05) and not self.closed:
+                    pass
             elif "close" in action:
                 self.conn.shutdown(socket.SHUT_RDWR)
                 return
@@ -147,6 +152,8 @@ class Conversation:
                     break
                 with open(self.received, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(message) + "\n")
+                if message.get("type") == "cancel":
+                    self.cancelled.set()
                 if message.get("type") == "request":
                     with self.arrived:
                         self.requests.append(message)

@@ -70,8 +70,7 @@ class RequestTimeout(AgentTimeout):
 
     def __init__(self, message: str, partial: dict[str, Any] | None = None, events: int = 0,
                  dropped: bool = False) -> None:
-        super().__init__(message, "give it more time (--deadline), or check that the method "
-                                  "is being called")
+        super().__init__(message)  # AgentTimeout's hint: a GIL-holding target, or not an agent
         self.partial = partial
         self.events = events
         self.dropped = dropped

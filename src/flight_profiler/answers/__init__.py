@@ -19,7 +19,7 @@ _OBJECT = Obj()
 
 def _check(shape: Shape, value: Any, what: str) -> None:
     try:
-        _OBJECT.check(value, what)  # every result and event is an object, whatever its handler
+        _OBJECT.check(value)  # every result and event is an object, whatever its handler
         shape.check(value)
     except Mismatch as exc:
         raise malformed(f"{what}: {exc}") from None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flight_profiler.cli.agent_commands import rendering
 from flight_profiler.cli.agent_commands.base import render_json
-from flight_profiler.client import RequestInterrupted
+from flight_profiler.client import RequestInterrupted, RequestTimeout
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -59,6 +59,10 @@ def execute(session: Session, req: AgentRequest, as_json: bool,
 
     try:
         result = session.execute(req, on_event, deadline, on_cancel=say_cancelling)
+    except RequestTimeout as late:
+        if late.partial is not None and not as_json:  # what the agent had at the deadline
+            shown.result(late.partial, console())
+        raise
     except RequestInterrupted as stopped:
         if stopped.error is not None:
             raise stopped.error from None
