@@ -182,40 +182,45 @@ class AgentClient:
         """
         req_id = self.start(cmd, args)
         deadline = None if timeout is None else time.monotonic() + timeout
-        events = 0
+        events = [0]
+
+        def deliver(data: dict[str, Any]) -> None:
+            events[0] += 1
+            if on_event is not None:
+                try:
+                    on_event(data)
+                except FlightProfilerError:
+                    # the caller refused an event (malformed): stop the request, then say why
+                    self.cancel_and_drain(req_id, grace)
+                    raise
+
         try:
             while True:
                 try:
                     kind, data = self._next(req_id, deadline)
                 except DeadlineReached:
                     assert timeout is not None
-                    raise self._stop_at_deadline(req_id, timeout, grace, events) from None
+                    raise self._stop_at_deadline(req_id, timeout, grace, deliver, events) from None
                 if kind == "result":
                     return data
-                events += 1
-                if on_event is not None:
-                    try:
-                        on_event(data)
-                    except FlightProfilerError:
-                        # the caller refused an event (malformed): stop the request, then say why
-                        self.cancel_and_drain(req_id, grace)
-                        raise
+                deliver(data)
         except KeyboardInterrupt:
             raise RequestInterrupted(*self.cancel_and_drain(req_id, grace, on_cancel)) from None
 
     def _stop_at_deadline(self, req_id: int, timeout: float, grace: float,
-                          events: int) -> RequestTimeout:
-        """The request's time is up: cancel it, and wait ``grace`` for its final answer."""
+                          deliver: EventHandler, events: list[int]) -> RequestTimeout:
+        """The request's time is up: cancel it, and wait ``grace`` for its final answer (the
+        events still on their way are delivered and counted as before)."""
         self.cancel(req_id)
         try:
-            result = self._read_until_done(req_id, None, grace)
+            result = self._read_until_done(req_id, deliver, grace)
         except FlightProfilerError:
             if not self.closed:  # it answered the cancel with an error: the connection is fine
-                return RequestTimeout(f"cancelled after {timeout:g}s", None, events)
+                return RequestTimeout(f"cancelled after {timeout:g}s", None, events[0])
             # no answer to the cancel: the connection was closed, which cancels it too
             return RequestTimeout(f"no answer within {timeout:g}s (connection dropped)",
-                                  None, events, True)
-        return RequestTimeout(f"cancelled after {timeout:g}s", result, events)
+                                  None, events[0], True)
+        return RequestTimeout(f"cancelled after {timeout:g}s", result, events[0])
 
     def start(self, cmd: str, args: dict[str, Any] | None = None) -> int:
         """Send a request (refused here, before the target sees it, if beyond the agent's
