@@ -22,7 +22,7 @@ ACTION, one of::
     {"raw": "hex"}                        # bytes as they are
     {"trickle": ACTION, "rate": BYTES_PER_S}   # that action's frame, a few bytes at a time
     {"header_only": LENGTH}               # a frame header announcing LENGTH bytes, then nothing
-    {"big_result": BYTES, "shape": "dicts" | "lists" | "strings" | "ints"}
+    {"big_result": BYTES, "shape": "dicts" | "lists" | "strings" | "ints" | "text"}
                                           # a result frame of about BYTES made of that
     {"sleep": SECONDS} / {"silence": true} / {"close": true}
     {"until_cancel": true}                # wait for the client's cancel (a slow, honest agent)
@@ -69,9 +69,13 @@ def _substitute(value: Any, req_id: Any) -> Any:
 
 
 def _big_result(size: int, shape: str, req_id: Any) -> bytes:
-    unit = {"dicts": b"{},", "lists": b"[],", "strings": b'"ab",', "ints": b"7,"}[shape]
     head = b'{"type":"result","id":' + json.dumps(req_id).encode() + b',"data":{"junk":['
     tail = b"0]}}"
+    if shape == "text":  # one string, beyond Latin-1: four bytes a character once decoded
+        emoji = "\U0001f600".encode()
+        return _frame(head + b'"' + b"a" * max(0, size - len(head) - len(tail) - 7) + emoji
+                      + b'",' + tail)
+    unit = {"dicts": b"{},", "lists": b"[],", "strings": b'"ab",', "ints": b"7,"}[shape]
     count = max(0, (size - len(head) - len(tail)) // len(unit))
     return _frame(head + unit * count + tail)
 
@@ -276,6 +280,26 @@ if __name__ == "__main__":
         main()
 
 
+# Forks and execs the CLI, waits for it, writes its peak RSS (KiB) to argv[1], and exits as it
+# did; it ignores Ctrl-C itself (the CLI, in the same process group, gets it).
+_LAUNCHER = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as fh:
+    fh.write(str(usage.ru_maxrss))
+code = os.waitstatus_to_exitcode(status)
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+
+
 class CliRun:
     """What one run of the CLI did: exit status (None: killed at the test's limit), its
     output, how long it took and its peak RSS (wait4)."""
@@ -306,10 +330,14 @@ def run_cli(*args: str, limit: float = 60.0, stdin: str | None = None,
     env = {**(env or {}), **({"PYTHONPATH": other} if other else {})}
     with tempfile.TemporaryDirectory(prefix="fp-cli-run-") as tmp:
         out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        rss_path = os.path.join(tmp, "rss")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             started = time.monotonic()
+            # Through a small launcher: a child forked from this (big) test process would
+            # inherit its peak RSS (ru_maxrss survives exec); the CLI is forked from the launcher.
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flight_profiler", *args], stdout=out, stderr=err,
+                [sys.executable, "-c", _LAUNCHER, rss_path, "-m", "flight_profiler", *args],
+                stdout=out, stderr=err,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 env={**os.environ, **env}, start_new_session=True)
             if stdin is not None:
@@ -317,30 +345,30 @@ def run_cli(*args: str, limit: float = 60.0, stdin: str | None = None,
                 proc.stdin.write(stdin.encode())
                 proc.stdin.close()
             returncode: int | None = None
-            rss = 0
             interrupt_at: float | None = None
             while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    returncode = os.waitstatus_to_exitcode(status)
-                    rss = usage.ru_maxrss * 1024
+                code = proc.poll()
+                if code is not None:
+                    returncode = code
                     break
-                elapsed = time.monotonic() - started
                 if interrupt_when is not None and interrupt_at is None and interrupt_when():
                     interrupt_at = time.monotonic() + 0.5
                 if interrupt_at is not None and time.monotonic() >= interrupt_at:
-                    os.kill(proc.pid, signal.SIGINT)
+                    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the group
                     interrupt_at = float("inf")
-                if elapsed > limit:
+                if time.monotonic() - started > limit:
                     os.killpg(proc.pid, signal.SIGKILL)
-                    _, _, usage = os.wait4(proc.pid, 0)
-                    rss = usage.ru_maxrss * 1024
+                    proc.wait()
                     break
                 time.sleep(0.02)
-            proc.returncode = returncode if returncode is not None else -9
             seconds = time.monotonic() - started
         with open(out_path, encoding="utf-8", errors="surrogateescape") as fh:
             stdout = fh.read()
         with open(err_path, encoding="utf-8", errors="surrogateescape") as fh:
             stderr = fh.read()
+        try:
+            with open(rss_path, encoding="utf-8") as fh:
+                rss = int(fh.read()) * 1024
+        except (OSError, ValueError):
+            rss = 0
     return CliRun(returncode, stdout, stderr, seconds, rss)
