@@ -101,6 +101,19 @@ def test_ctrl_c_during_a_trickled_frame_ends_within_the_grace() -> None:
     _one_error_line(run.stderr.split("\n", 1)[1], "the agent did not answer within 3s")
 
 
+def test_the_shell_says_so_in_one_line_and_ends_when_the_agent_stops_answering() -> None:
+    with FakeAgent(SILENT) as fake:
+        run = run_cli(str(fake.pid), "--deadline", "1", stdin="status\nstack\nquit\n", limit=60)
+        sent = [m.get("cmd") for m in fake.received() if m["type"] == "request"]
+    assert run.seconds <= 1 + CANCEL_GRACE + STARTUP, run
+    # the connection was dropped: the shell does not go on to `stack` on a closed session
+    assert run.stderr.strip().splitlines() == [
+        "error: no answer within 1s (connection dropped) (hint: a thread of the target may hold "
+        "the GIL in a long native call, or what answers is not a working agent; retry later, or "
+        "give it more time with --deadline)"], run
+    assert sent == ["status"]
+
+
 def _rank_env(rank: int, run_id: str) -> dict[str, str]:
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
             "TORCHELASTIC_RUN_ID": run_id, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
