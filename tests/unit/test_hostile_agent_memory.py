@@ -16,6 +16,7 @@ import threading
 import tracemalloc
 
 import pytest
+from test_server import agent  # noqa: F401  (the fixture: a real agent server in this process)
 
 from fake_agent import FakeAgent, run_cli
 from flight_profiler.agent import protocol
@@ -132,3 +133,28 @@ def test_an_integer_of_a_thousand_digits_is_malformed(tmp_path: object) -> None:
     with pytest.raises(BadAnswer, match="malformed: an integer of 1000 digits"):
         client.execute("status", {})
     assert not client.closed  # the frame was read whole: the connection is still in step
+
+
+def test_the_real_agents_frames_say_their_kind_first(agent: str) -> None:  # noqa: F811
+    # The caps are chosen from a frame's first bytes: the agent's own frames must lead with
+    # their type, as protocol.encode writes them (else a real result would get the 64 KiB cap).
+    from flight_profiler.client_frames import _KINDS
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(agent)
+    sock.settimeout(30)
+    protocol.send(sock, {"type": "hello", "protocol": protocol.PROTOCOL_VERSION})
+    protocol.recv(sock)
+    seen = set()
+    for cmd, args in (("t_stream", {"limit": 2}), ("t_fail", {})):
+        protocol.send(sock, {"type": "request", "id": 1, "cmd": cmd, "args": args})
+        while True:
+            length = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+            body = sock.recv(length, socket.MSG_WAITALL)
+            kind = json.loads(body)["type"]
+            assert any(body.startswith(prefix) and kind == name for prefix, name in _KINDS), body
+            seen.add(kind)
+            if kind != "event":
+                break
+    sock.close()
+    assert seen == {"event", "result", "error"}
