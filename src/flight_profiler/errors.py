@@ -32,6 +32,8 @@ class ExitCode:
     AGENT_LOST = 10  # the connection to the agent broke mid-command
     TORCH_MISSING = 11  # the target has not imported torch
     INCOMPLETE = 12  # diagnose: some phases failed or timed out (the report names what is missing)
+    AGENT_TIMEOUT = 13  # the agent did not answer within a deadline (or sent a frame too slowly)
+    BAD_ANSWER = 14  # the agent's answer was malformed or larger than the CLI accepts
     INTERRUPTED = 130
 
 
@@ -50,6 +52,8 @@ EXIT_CODE_SUMMARIES: dict[int, str] = {
     ExitCode.AGENT_LOST: "agent lost",
     ExitCode.TORCH_MISSING: "target has no torch",
     ExitCode.INCOMPLETE: "diagnosis incomplete",
+    ExitCode.AGENT_TIMEOUT: "agent did not answer in time",
+    ExitCode.BAD_ANSWER: "malformed or oversized answer",
     ExitCode.INTERRUPTED: "interrupted",
 }
 
@@ -143,6 +147,33 @@ class AgentLost(FlightProfilerError):
     exit_code = ExitCode.AGENT_LOST
     kind = "agent_lost"
     default_hint = "The target may have exited; check it with `ps -p <pid>`."
+
+
+class AgentTimeout(FlightProfilerError):
+    """The agent did not answer within a deadline: the command's own time limit plus its
+    margin, or a frame that began but did not end in time (docs/commands.md, "Deadlines")."""
+
+    exit_code = ExitCode.AGENT_TIMEOUT
+    kind = "agent_timeout"
+    default_hint = ("a thread of the target may hold the GIL in a long native call, or what "
+                    "answers is not a working agent; retry later, or give it more time with "
+                    "--deadline")
+
+
+class BadAnswer(FlightProfilerError):
+    """The agent's answer was malformed (a shape the CLI does not know) or larger than the CLI
+    accepts: it is refused before it is shown or used. The connection stays usable unless the
+    frame could not be read to its end."""
+
+    exit_code = ExitCode.BAD_ANSWER
+    kind = "bad_answer"
+    default_hint = ("the agent may be of another flight_profiler version, or not a real agent; "
+                    "detach it (`flight_profiler PID --cmd detach`) and attach again")
+
+
+def malformed(what: str) -> BadAnswer:
+    """The one wording of a malformed answer: ``what`` names the field and the problem."""
+    return BadAnswer(f"the agent's answer was malformed: {what}")
 
 
 class TorchMissing(FlightProfilerError):

@@ -79,7 +79,8 @@ class Outbox:
                         stop = True
                         break
                     batch.append(item)
-                if self._closed:
+                if self._closed:  # flush gave up on us: these never go out, say so
+                    self.dropped += len(batch)
                     return
                 if not self.broken and batch:  # else drain: keep no reference to the events
                     self._write(batch)
@@ -121,7 +122,10 @@ class Outbox:
         if thread.is_alive():  # stuck in a send to a client that does not read
             self.broken = True
         self._closed = True
-        self._items.clear()  # whatever is left holds data from the target: let it go
+        # whatever is left holds data from the target: let it go, counted (the result says how
+        # many events never went out, so that sent + dropped is every event emitted)
+        self.dropped += sum(1 for item in list(self._items) if item is not _STOP)
+        self._items.clear()
         # The clear may have taken the stop marker: a sender still stuck in a send would then
         # wait for ever once the send returns. Leave it a marker to end on.
         self._items.append(_STOP)

@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from flight_profiler.errors import ExitCode
+from flight_profiler.safe_text import safe_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,7 +31,7 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
         sys.stderr.write(f"diagnosing {len(targets)} rank(s) of the job of pid {pid} into {out}\n")
     def say(text: str) -> None:
         if not as_json:
-            sys.stderr.write(f"[diagnose] {text}\n")
+            sys.stderr.write(f"[diagnose] {safe_text(text)}\n")
             sys.stderr.flush()
 
     job = diagnose_job(targets, out, method, calls, duration, timeout, attach_timeout, say)
@@ -54,20 +55,19 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
 
 
 def render(job: JobDiagnosis, console: Console) -> None:
-    from rich.markup import escape
-
+    from flight_profiler.cli.agent_commands.base import txt
     from flight_profiler.rank_list import ranks_label
     from flight_profiler.render.report_terminal import SEVERITY_STYLE
 
     for r in job.stack_results:
         if not r.ok and r.error:
-            console.print(f"[red]rank {r.rank} (pid {r.pid}): {escape(str(r.error.get('message')))}[/red]")
+            console.print(f"[red]rank {r.rank} (pid {r.pid}): {txt(str(r.error.get('message')))}[/red]")
     for r in job.rank_results:
         if not r.ok and r.error:
             console.print(f"[red]rank {r.rank} (pid {r.pid}) diagnosis failed: "
-                          f"{escape(str(r.error.get('message')))}[/red]")
+                          f"{txt(str(r.error.get('message')))}[/red]")
     if job.skipped_phases:
-        console.print(f"[yellow]per-rank phases skipped: {escape(job.skipped_phases)}[/yellow]")
+        console.print(f"[yellow]per-rank phases skipped: {txt(job.skipped_phases)}[/yellow]")
     report = job.report
     if report is None:
         console.print("no report: nothing could be collected from the ranks")
@@ -77,11 +77,11 @@ def render(job: JobDiagnosis, console: Console) -> None:
     for f in report.findings:
         who = ranks_label(f.ranks)
         colour = SEVERITY_STYLE[f.severity]
-        console.print(f"[{colour}]{f.severity}[/{colour}] [bold]{escape(f.rule)}[/bold]"
-                      f"{escape(' [' + who + ']') if who else ''}: {escape(f.title)}", highlight=False)
-        console.print(f"  {escape(f.summary)}", highlight=False)
+        console.print(f"[{colour}]{f.severity}[/{colour}] [bold]{txt(f.rule)}[/bold]"
+                      f"{txt(' [' + who + ']') if who else ''}: {txt(f.title)}", highlight=False)
+        console.print(f"  {txt(f.summary)}", highlight=False)
         for w in f.where[:4]:
-            console.print(f"  at {escape(w)}", highlight=False)
+            console.print(f"  at {txt(w)}", highlight=False)
     for fmt, path in job.outputs.items():
-        console.print(f"{fmt}: {path}", highlight=False)
+        console.print(f"{fmt}: {txt(path)}", highlight=False)
     console.print(f"done in {job.seconds:.1f} s", highlight=False)

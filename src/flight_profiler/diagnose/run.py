@@ -19,6 +19,9 @@ from flight_profiler.requests import AgentRequest
 
 # The driver cancels a command this long after the limit the command itself was given.
 BACKSTOP_S = 15.0
+# Events a phase keeps for its summary (--calls is at most 10,000, one event per call): an agent
+# that streams more cannot grow the diagnosis without bound (the rest are counted, not kept).
+MAX_KEPT_EVENTS = 20_000
 
 
 def calls_seen(event: dict[str, Any], seen: int) -> int:
@@ -82,7 +85,11 @@ class Run:
 
         def on_event(data: dict[str, Any]) -> None:
             seen[0] = calls_seen(data, seen[0])
-            phase.data.setdefault("events", []).append(data)
+            kept = phase.data.setdefault("events", [])
+            if len(kept) < MAX_KEPT_EVENTS:
+                kept.append(data)
+            else:
+                phase.data["events_not_kept"] = phase.data.get("events_not_kept", 0) + 1
             if expect_calls and target is not None:
                 if seen[0] >= expect_calls:
                     self.progress.waiting(f"{expect_calls} of {expect_calls} calls seen; the "

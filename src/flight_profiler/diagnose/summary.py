@@ -27,7 +27,7 @@ def to_json(result: DiagnoseResult, exit_code: int) -> dict[str, Any]:
 
 
 def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
-    from rich.markup import escape
+    from flight_profiler.safe_text import safe_markup as escape  # text from the target or files
 
     o = result.options
     target = o.target.words if o.target else "a time window"
