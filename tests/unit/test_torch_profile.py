@@ -271,3 +271,34 @@ def test_cli_profile_arguments(tmp_path, monkeypatch):
                                                                  "cpu_total": 2000.0, "self_cuda": 0.0}]}},
                    Console(file=out, width=150))
     assert "aten::mm" in out.getvalue() and "1.500 ms" in out.getvalue()
+
+
+def test_sessions_start_and_stop_while_no_other_thread_can_run(work, tmp_path, monkeypatch):
+    """Starting a session with stacks walks every thread's frames (torch's PythonTracer); a
+    garbage collection there ran finalizers that handed the GIL to a DataLoader's prefetch
+    thread, which left frames the walk then followed: a DDP rank died (SIGSEGV/SIGABRT in
+    PyFrame_GetBack) one diagnosis in ten. Every start and stop, per call and in a window, runs
+    with the collector off and no thread switch, and both come back afterwards."""
+    import gc
+    import sys
+
+    seen: list[tuple[str, bool, float]] = []
+    real_start, real_stop = torch.profiler.profile.start, torch.profiler.profile.stop
+
+    def start(self: Any) -> None:
+        seen.append(("start", gc.isenabled(), sys.getswitchinterval()))
+        real_start(self)
+
+    def stop(self: Any) -> None:
+        seen.append(("stop", gc.isenabled(), sys.getswitchinterval()))
+        real_stop(self)
+
+    monkeypatch.setattr(torch.profiler.profile, "start", start)
+    monkeypatch.setattr(torch.profiler.profile, "stop", stop)
+    interval = sys.getswitchinterval()
+    profile_method(work, {"calls": 2, "path": str(tmp_path / "m.json"), "with_stack": True,
+                          "schedule": [0, 1, 2]})
+    run_handler("torch profile", {"duration": 0.2, "path": str(tmp_path / "w.json"), "with_stack": True})
+    assert [s[0] for s in seen] == ["start", "stop"] * 4  # warm-up + 2 calls, then the window
+    assert all(not gc_on and switch >= 1000.0 for _, gc_on, switch in seen), seen
+    assert gc.isenabled() and sys.getswitchinterval() == interval
