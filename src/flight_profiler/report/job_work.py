@@ -192,7 +192,7 @@ def training_work(raw: RawTrace) -> dict[str, Any] | None:
     out.update({
         "thread": key, "window_us": round(window_us, 3), "steps": steps,
         "step_us": round(window_us / steps, 3) if steps else None,
-        "ddp": ddp, "python_frames": python_frames,
+        "ddp": ddp, "python_frames": python_frames, "window_kind": "steps" if raw.steps else "trace",
         "wait_from": ("ddp" if ddp and backward else "collective") if wait else None,
         "data_elsewhere_pct": round(_data_elsewhere(raw, key, window, window_us), 2),
         "lines": _lines(raw, key, window, parts),

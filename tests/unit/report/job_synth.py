@@ -63,7 +63,7 @@ def job_traces(directory: Path, compute_us: list[float], **kw: Any) -> list[Path
 def ddp_rank_trace(path: Path, rank: int, world: int, own: list[dict[str, float]],
                    steps: int = 8, comm_us: float = 400.0, fwd_us: float = 600.0,
                    bwd_us: float = 900.0, profiler_steps: bool = False,
-                   step_extra_us: list[float] | None = None) -> Path:
+                   step_extra_us: list[float] | None = None, method_steps: bool = False) -> Path:
     """One rank of a DDP job on gloo as torch.profiler records it with ``with_stack`` (Python
     frames), window mode (no ProfilerStep unless ``profiler_steps``): the training loop on the
     main thread (tid 1), gloo's thread (tid 2), a prefetch thread (tid 3) feeding a queue.
@@ -72,7 +72,9 @@ def ddp_rank_trace(path: Path, rank: int, world: int, own: list[dict[str, float]
     in log_metrics), ``data`` (the DataLoader's __next__ on the main thread), ``blocked``
     (waiting for a batch from the prefetch thread, which meanwhile waits for the DataLoader),
     ``compute`` (operators in expensive_metric). ``step_extra_us[r]`` lengthens rank r's
-    ProfilerStep annotations (steps traced at other moments than the others'). Every rank's gradient all-reduce completes when
+    ProfilerStep annotations (steps traced at other moments than the others'). ``method_steps``:
+    as ``diagnose PID METHOD`` profiles, one session per call of train_step, each a ProfilerStep
+    (the extra work before it is not recorded). Every rank's gradient all-reduce completes when
     the slowest rank enqueues it, plus ``comm_us``: the others wait for it inside backward (no
     operator running), as DDP's reducer makes them."""
     ev: list[dict[str, Any]] = []
@@ -123,6 +125,9 @@ def ddp_rank_trace(path: Path, rank: int, world: int, own: list[dict[str, float]
             py("ddp_trainer.py(58): expensive_metric", c, d)
             ops(c + 1, d - 2, 8, "aten::matmul")
             c += d
+        if method_steps:
+            ev[:] = [e for e in ev if e["ts"] < t]  # nothing recorded between the calls
+            x("user_annotation", f"ProfilerStep#{s}", c, t + period - c - 5)
         py("ddp_trainer.py(97): train_step", c, t + period - c - 5)
         x("user_annotation", "DistributedDataParallel.forward", c + 1, fwd_us)
         ops(c + 2, fwd_us - 4, 6)

@@ -133,3 +133,15 @@ def test_stacks_traces_and_flight_recorder_agree_in_one_finding(tmp_path: Path) 
     assert "Flight Recorder agrees: rank 1" in text
     assert "rank 0: backward at ddp_trainer.py:102 (in train_step)" in text  # where it waits
     assert "rank 1: log_metrics at ddp_trainer.py:69" in text  # where the samples saw rank 1
+
+
+def test_method_traces_say_the_difference_is_between_the_calls(tmp_path: Path) -> None:
+    # diagnose PID --all-ranks __main__ train_step profiles the calls only: rank 1's sleep in
+    # log_metrics happens between them, so its trace shows less waiting and nothing else; the
+    # stack samples say where it was meanwhile
+    traces = ddp_traces(tmp_path / "t", [{}, {"sleep": 4000}], method_steps=True)
+    [f] = _job([FIXTURES / "ddp_sleep", *traces])
+    assert (f["rule"], f["ranks"]) == ("job-straggler", [1])
+    assert f["metrics"]["cause"] == "outside"
+    assert f["metrics"]["line"] == "log_metrics (ddp_trainer.py:69)"
+    assert "outside the profiled steps" in f["title"]

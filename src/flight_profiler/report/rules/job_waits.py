@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from flight_profiler.rank_list import format_ranks
 from flight_profiler.report.job_metrics import is_comm
 from flight_profiler.report.models import Finding, InputResult
 from flight_profiler.report.rules import Context
@@ -35,6 +34,7 @@ _DOING = {
     "sleep": "sleeps",
     "blocked": "waits for another thread of its own (a queue, a lock)",
     "other": "runs Python between operators",
+    "outside": "spends the difference outside the profiled steps",
 }
 
 
@@ -47,7 +47,7 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
         steps: list[float] = []
         ops: dict[str, float] = {}
         lines: dict[tuple[str, str], float] = {}
-        measured = gpu = ddp = False
+        measured = gpu = ddp = steps_window = False
         elsewhere = 0.0
         n_steps = 0
         for inp in inputs:
@@ -60,6 +60,7 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
             w = d.get("work")
             if isinstance(w, dict) and w.get("window_us"):
                 measured = measured or bool(w.get("python_frames"))
+                steps_window = steps_window or w.get("window_kind") == "steps"
                 ddp = ddp or bool(w.get("ddp"))
                 for k in ("window_us", "wait_us", *(f"{x}_us" for x in OWN)):
                     sums["w_" + k] = sums.get("w_" + k, 0.0) + float(w.get(k) or 0.0)
@@ -86,7 +87,7 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
             (window / n_steps if window and n_steps else None),
             "top_ops": sorted(ops.items(), key=lambda kv: -kv[1])[:3],
             "inputs": [i.path for i in inputs], "measured": measured and not gpu,
-            "data_elsewhere_pct": elsewhere,
+            "data_elsewhere_pct": elsewhere, "steps_window": steps_window,
             "lines": {k: 100.0 * v / window for k, v in lines.items()} if window else {},
         }
         if window > 0 and measured and not gpu:
@@ -101,20 +102,38 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
                 fig[f"{k}_pct"] = 0.0
             fig["other_pct"] = max(0.0, 100.0 - fig["wait_pct"] - fig["compute_pct"])
         fig["own_pct"] = max(0.0, 100.0 - fig["wait_pct"])
+        # Per step, in microseconds: windows of method calls differ in length from rank to rank
+        # (the waiting ranks' calls last longer), shares of them do not compare; a step does.
+        length = window if window > 0 and measured and not gpu else span
+        count = n_steps or len(steps)
+        fig["step_us"] = length / count if count else length
+        for k in ("wait", "own", *OWN):
+            fig[f"{k}_step_us"] = fig[f"{k}_pct"] * fig["step_us"] / 100.0
         out[rank] = fig
     return out
 
 
+def _gap(rank: int, figs: dict[int, dict[str, Any]]) -> float:
+    """How much longer the other ranks wait per step than this one (microseconds)."""
+    return median([g["wait_step_us"] for r, g in figs.items() if r != rank]) - float(figs[rank]["wait_step_us"])
+
+
 def slow_ranks(figs: dict[int, dict[str, Any]]) -> list[int]:
-    """The ranks the others wait for (none when more than half qualify: no outlier)."""
+    """The ranks the others wait for (none when more than half qualify: no outlier).
+
+    The others wait ``straggler_wait_gap_pct`` of a step longer than it does, and it works
+    ``straggler_own_ratio`` times longer than they do, or (traces of a method's calls only) its
+    extra work is outside the calls, where no trace sees it."""
     slow: list[int] = []
+    step = median([g["step_us"] for g in figs.values()])
     waits_measured = max(g["wait_pct"] for g in figs.values()) >= 1.0
     for rank, f in figs.items():
         others = [g for r, g in figs.items() if r != rank]
         if waits_measured:
-            gap = median([g["wait_pct"] for g in others]) - f["wait_pct"]
-            base = median([g["own_pct"] for g in others])
-            if gap >= JT.straggler_wait_gap_pct and f["own_pct"] >= JT.straggler_own_ratio * base:
+            if step <= 0 or 100.0 * _gap(rank, figs) / step < JT.straggler_wait_gap_pct:
+                continue
+            base = median([g["own_step_us"] for g in others])
+            if f["steps_window"] or f["own_step_us"] >= JT.straggler_own_ratio * base:
                 slow.append(rank)
         else:
             base = median([g["compute_pct"] for g in others])
@@ -125,10 +144,10 @@ def slow_ranks(figs: dict[int, dict[str, Any]]) -> list[int]:
 
 
 def _cause(r: int, figs: dict[int, dict[str, Any]]) -> tuple[str, float, str | None]:
-    """The kind of own work rank r does most beyond the others, by how many points, and the
-    program's line where it does it."""
+    """The kind of own work rank r does most beyond the others, by how much per step
+    (microseconds), and the program's line where it does it."""
     others = [g for k, g in figs.items() if k != r]
-    excess = {k: figs[r][f"{k}_pct"] - median([g[f"{k}_pct"] for g in others]) for k in OWN}
+    excess = {k: figs[r][f"{k}_step_us"] - median([g[f"{k}_step_us"] for g in others]) for k in OWN}
     kind = max(excess, key=excess.__getitem__)
     if excess[kind] <= 0:
         kind = "compute"
@@ -165,6 +184,21 @@ def _stack_sites(ctx: Context, ranks: list[int], waiting: bool) -> list[str]:
     return out
 
 
+def _seen_at(ctx: Context, r: int) -> str | None:
+    """Where the stack samples saw rank r outside collectives most often."""
+    from collections import Counter
+
+    from flight_profiler.report.rank_stacks import rank_position
+
+    seen: Counter[str] = Counter()
+    for inp in by_rank(ctx.stacks).get(r, []):
+        for sample in inp.data.get("samples", []):
+            p = rank_position(sample)
+            if p.kind not in ("collective", "backward", "idle"):
+                seen[f"{p.function} ({p.where})"] += 1
+    return seen.most_common(1)[0][0] if seen else None
+
+
 def _evidence(figs: dict[int, dict[str, Any]]) -> list[str]:
     out = []
     for r, g in sorted(figs.items()):
@@ -191,17 +225,25 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
     if not slow:
         return _from_flight_recorder(ctx, fr) if len(figs) < 2 else []
     fast = [r for r in figs if r not in slow]
-    worst = min(slow, key=lambda r: figs[r]["wait_pct"])
+    worst = max(slow, key=lambda r: _gap(r, figs))
     w = figs[worst]
     others_wait = median([figs[r]["wait_pct"] for r in fast])
+    gap = _gap(worst, figs)
     kind, excess, line = _cause(worst, figs)
+    if w["steps_window"] and excess < 0.5 * gap:
+        # Traces of the method's calls only: what the others wait for happens between them.
+        kind, excess, line = "outside", gap, _seen_at(ctx, worst)
     doing = _DOING[kind] + (f" at {line}" if line else "")
     fed = ""
     if kind == "blocked" and w["data_elsewhere_pct"] >= 50.0:
         fed = (f"; another thread of it (a prefetcher feeding that queue) waits for the "
                f"DataLoader {fmt_pct(w['data_elsewhere_pct'])} of the window: data loading")
-    where = [f"rank {worst}: {line} ({kind}: {fmt_pct(w['lines'].get((kind, line), 0.0))} of its "
-             "window)"] if line else []
+    where = []
+    if line and kind == "outside":
+        where.append(f"rank {worst}: {line} (where its stack samples saw it between the profiled steps)")
+    elif line:
+        where.append(f"rank {worst}: {line} ({kind}: {fmt_pct(w['lines'].get((kind, line), 0.0))} "
+                     "of its window)")
     for r in fast[:4]:
         wl = _wait_line(figs[r])
         if wl:
@@ -216,12 +258,14 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
     return [Finding(
         rule="job-straggler", severity="warning",
         title=(f"{ranks_text(slow).capitalize()} {'is the straggler' if len(slow) == 1 else 'are stragglers'}"
-               f": the others wait for {'it' if len(slow) == 1 else 'them'} "
-               f"{fmt_pct(others_wait - w['wait_pct'])} of their window; it {doing}"),
-        summary=(f"Ranks {format_ranks(fast)} spend {fmt_pct(others_wait)} of their window waiting "
-                 f"for the others, rank {worst} {fmt_pct(w['wait_pct'])}: they wait for it. Rank "
-                 f"{worst} {doing} ({fmt_pct(excess)} of its window more than the others){fed}. Every "
-                 "synchronous collective runs the job at the slowest rank's pace."),
+               f": the others wait for {'it' if len(slow) == 1 else 'them'} {fmt_us(gap)} a step; "
+               f"it {doing}"),
+        summary=(f"{ranks_text(fast).capitalize()} {'spends' if len(fast) == 1 else 'spend'} "
+                 f"{fmt_pct(others_wait)} of {'its' if len(fast) == 1 else 'their'} window waiting "
+                 f"for the others, rank {worst} {fmt_pct(w['wait_pct'])}: about {fmt_us(gap)} a step "
+                 f"more, waiting for it. Rank {worst} {doing} ({fmt_us(excess)} a step more than "
+                 f"the others){fed}. Every synchronous collective runs the job at the slowest "
+                 "rank's pace."),
         evidence=evidence, where=where[:16],
         fix=_fix(kind),
         root_cause="The other ranks finish their step first and wait in the collective for the "
@@ -232,6 +276,7 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
                                     if k not in ("steps", "inputs", "top_ops", "lines")}
                            for r, g in sorted(figs.items())},
                  "cause": kind, "line": line, "waiting_ranks": sorted(fast),
+                 "wait_gap_us_per_step": round(gap, 3), "excess_us_per_step": round(excess, 3),
                  "compute_ratio": _ratio(worst, figs),
                  "flight_recorder_latest": fr.latest()},
     )]
@@ -280,6 +325,9 @@ def _from_flight_recorder(ctx: Context, fr: FlightRecorder) -> list[Finding]:
 
 def _fix(kind: str) -> list[str]:
     specific = {
+        "outside": "Profile the whole loop, not only the method (`diagnose PID --all-ranks` "
+                   "without a method profiles a window of every thread), or look at the line "
+                   "under `where`: the slow rank's extra time is between the calls.",
         "compute": "Make the slow rank's extra work go away: uneven batch sizes or sequence lengths "
                    "per rank, rank-0-only logging, metrics or evaluation inside the step, a slower "
                    "device or a busy host (its line and heaviest operators are under `where`).",
