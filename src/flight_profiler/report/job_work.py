@@ -76,6 +76,17 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     return subtract(a, subtract(a, b))
 
 
+def intersect_points(spans: Intervals, window: Intervals) -> list[float]:
+    """The starts of ``spans`` that fall inside ``window``."""
+    starts = [s for s, _ in window]
+    out = []
+    for s, _e in spans:
+        i = bisect_right(starts, s) - 1
+        if i >= 0 and s < window[i][1]:
+            out.append(s)
+    return out
+
+
 def length(a: Intervals) -> float:
     return sum(e - s for s, e in a)
 
@@ -191,6 +202,9 @@ def training_work(raw: RawTrace) -> dict[str, Any] | None:
     steps = _steps(raw, key)
     out.update({
         "thread": key, "window_us": round(window_us, 3), "steps": steps,
+        # Operators run in the window: more of them per step is more work; the same number taking
+        # longer is the same work running slower (a busy host, bigger inputs).
+        "ops": len(intersect_points(ops, window)),
         "step_us": round(window_us / steps, 3) if steps else None,
         "ddp": ddp, "python_frames": python_frames, "window_kind": "steps" if raw.steps else "trace",
         "wait_from": ("ddp" if ddp and backward else "collective") if wait else None,

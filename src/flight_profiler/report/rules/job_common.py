@@ -29,6 +29,12 @@ class JobThresholds:
     straggler_wait_gap_pct: float = 20.0
     # ... and its own work (its window minus its waits) is at least this many times theirs.
     straggler_own_ratio: float = 1.3
+    # Computing longer counts as more work when the rank runs at least this many more operators
+    # per step than the others (and this % more); the same operators running longer is said as
+    # "slower" at info (a busy host does that: measured on this shared 2-core machine, healthy
+    # ranks' steps differed by up to 2x, the planted extra metric added ~12 operators a step).
+    straggler_extra_ops: float = 3.0
+    straggler_extra_ops_pct: float = 5.0
     # Without traces: Flight Recorder names the rank that enqueued most collectives last when
     # its median lag behind the first rank is at least this (microseconds).
     straggler_fr_lag_us: float = 2000.0

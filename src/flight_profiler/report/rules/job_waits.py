@@ -35,6 +35,7 @@ _DOING = {
     "blocked": "waits for another thread of its own (a queue, a lock)",
     "other": "runs Python between operators",
     "outside": "spends the difference outside the profiled steps",
+    "slower": "runs the same operators slower than the others",
 }
 
 
@@ -49,7 +50,7 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
         lines: dict[tuple[str, str], float] = {}
         measured = gpu = ddp = steps_window = False
         elsewhere = 0.0
-        n_steps = 0
+        n_steps = n_ops = 0
         for inp in inputs:
             d = inp.data.get("distributed")
             if not isinstance(d, dict) or not d.get("span_us"):
@@ -65,6 +66,7 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
                 for k in ("window_us", "wait_us", *(f"{x}_us" for x in OWN)):
                     sums["w_" + k] = sums.get("w_" + k, 0.0) + float(w.get(k) or 0.0)
                 n_steps += int(w.get("steps") or 0)
+                n_ops += int(w.get("ops") or 0)
                 elsewhere = max(elsewhere, float(w.get("data_elsewhere_pct") or 0.0))
                 share = float(w["window_us"])
                 for line in w.get("lines", []):
@@ -107,6 +109,7 @@ def rank_figures(traces: list[InputResult]) -> dict[int, dict[str, Any]]:
         length = window if window > 0 and measured and not gpu else span
         count = n_steps or len(steps)
         fig["step_us"] = length / count if count else length
+        fig["ops_per_step"] = n_ops / count if count else float(n_ops)
         for k in ("wait", "own", *OWN):
             fig[f"{k}_step_us"] = fig[f"{k}_pct"] * fig["step_us"] / 100.0
         out[rank] = fig
@@ -154,6 +157,14 @@ def _cause(r: int, figs: dict[int, dict[str, Any]]) -> tuple[str, float, str | N
     lines = sorted(((w, pct) for (k, w), pct in figs[r]["lines"].items() if k == kind),
                    key=lambda kv: -kv[1])
     return kind, excess[kind], lines[0][0] if lines else None
+
+
+def _more_work(r: int, figs: dict[int, dict[str, Any]]) -> bool:
+    """Rank r runs more operators per step than the others (extra work, not the same work
+    running slower)."""
+    base = median([g["ops_per_step"] for k, g in figs.items() if k != r])
+    extra = figs[r]["ops_per_step"] - base
+    return base <= 0 or extra >= max(JT.straggler_extra_ops, JT.straggler_extra_ops_pct * base / 100.0)
 
 
 def _wait_line(g: dict[str, Any]) -> str | None:
@@ -233,6 +244,11 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
     if w["steps_window"] and excess < 0.5 * gap:
         # Traces of the method's calls only: what the others wait for happens between them.
         kind, excess, line = "outside", gap, _seen_at(ctx, worst)
+    if kind in ("compute", "other") and not _more_work(worst, figs):
+        kind, line = "slower", None
+    # No extra work to show (the same operators, slower; or time between the method's calls that
+    # no sample placed): a busy host does that too, so it is said, not warned about.
+    severity = "info" if kind == "slower" or (kind == "outside" and line is None) else "warning"
     doing = _DOING[kind] + (f" at {line}" if line else "")
     fed = ""
     if kind == "blocked" and w["data_elsewhere_pct"] >= 50.0:
@@ -250,15 +266,17 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
             what = "DDP's gradient all-reduce (in backward)" if figs[r]["ddp"] else "collectives"
             where.append(f"rank {r} waits at {wl} in {what}")
     where += _stack_sites(ctx, slow, waiting=False) + _stack_sites(ctx, fast[:2], waiting=True)
-    if kind == "compute":
+    if kind in ("compute", "slower"):
         where += [f"rank {r}: {name} ({fmt_us(us)} self time)" for r in slow for name, us in figs[r]["top_ops"]]
     evidence = _evidence(figs) + _fr_agreement(fr, slow) + lag_lines(fr)
     if fr_note:
         evidence.append(fr_note)
     return [Finding(
-        rule="job-straggler", severity="warning",
-        title=(f"{ranks_text(slow).capitalize()} {'is the straggler' if len(slow) == 1 else 'are stragglers'}"
-               f": the others wait for {'it' if len(slow) == 1 else 'them'} {fmt_us(gap)} a step; "
+        rule="job-straggler", severity=severity,
+        title=(f"{ranks_text(slow).capitalize()} "
+               + (f"{'is the straggler' if len(slow) == 1 else 'are stragglers'}" if severity != "info"
+                  else f"{'was' if len(slow) == 1 else 'were'} the slowest in the profiled window")
+               + f": the others wait for {'it' if len(slow) == 1 else 'them'} {fmt_us(gap)} a step; "
                f"it {doing}"),
         summary=(f"{ranks_text(fast).capitalize()} {'spends' if len(fast) == 1 else 'spend'} "
                  f"{fmt_pct(others_wait)} of {'its' if len(fast) == 1 else 'their'} window waiting "
@@ -339,6 +357,9 @@ def _fix(kind: str) -> list[str]:
                    "--cmd stack`): a prefetcher starved by the DataLoader, a lock held elsewhere.",
         "other": "Move the Python work between operators out of the step (logging, .item() "
                  "calls, per-sample Python loops).",
+        "slower": "Its operators are the others' but take longer: check that rank's host (other "
+                  "processes on its cores, a slower device, throttling) and its inputs (bigger "
+                  "batches or longer sequences than the others': balance them).",
     }
     return [specific[kind],
             "Balance the data: equal-size shards (DistributedSampler), bucketing by length.",
