@@ -14,6 +14,10 @@ a signal) and the job is restarted. Unattended: every run is appended to OUT/run
 ends (a restarted loop skips the runs already there), each step has a time limit, and only the
 process groups this script started are stopped. Ctrl-C prints the counts so far.
 
+`--sessions N` runs, instead of diagnose, N profiler sessions per rank (`torch profile METHOD
+--schedule 0,N-1,1 --with-stack --profile-memory` on every rank): the start and stop of a
+session is where the rank died, so this provokes it ~N/6 times more often per run.
+
 Core dumps: with --cores, ranks run with an unlimited core size in OUT/job-N/ (the kernel's
 core_pattern must be a plain name for them to land there), for `gdb python core`.
 """
@@ -48,6 +52,13 @@ def diagnose(job: Job, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [*CLI, "diagnose", str(job.launcher), "--all-ranks", *args.method.split(), "--out",
            str(out), "--duration", str(args.duration), "--timeout", "15", "--calls",
            str(args.calls), "--json"]
+    if args.sessions:
+        # Only the profiler's start and stop, many times: N calls of the method each in its own
+        # session with stacks and memory, all but the last dropped (warm-up), on every rank.
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = [*CLI, str(job.launcher), "--all-ranks", "--cmd",
+               f"torch profile {args.method} --schedule 0,{args.sessions - 1},1 --with-stack "
+               f"--profile-memory --timeout 120 -f {out}/p.json.gz", "--json", "--timeout", "30"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
         rc: int | None = proc.returncode
@@ -65,6 +76,9 @@ def diagnose(job: Job, out: Path, args: argparse.Namespace) -> dict[str, Any]:
                                for f in doc.get("findings", []) if f["rule"].startswith("job-")]
     except (json.JSONDecodeError, AttributeError):
         rec["stderr"] = stderr[-600:]
+    if args.sessions:
+        subprocess.run([*CLI, str(job.launcher), "--all-ranks", "--cmd", "detach"],
+                       capture_output=True, timeout=120)
     return rec
 
 
@@ -79,6 +93,9 @@ def main() -> int:
     ap.add_argument("--method", default="__main__ train_step",
                     help='what diagnose profiles; "" for a --duration window')
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--sessions", type=int, default=0,
+                    help="instead of diagnose: this many profiler sessions per rank (the start "
+                         "and stop of each, as diagnose's profile phase does per call)")
     ap.add_argument("--fr", action="store_true", help="run the job with Flight Recorder")
     ap.add_argument("--cores", action="store_true", help="let the ranks dump core")
     ap.add_argument("--run-timeout", type=float, default=300.0)

@@ -8,7 +8,9 @@ the most operators:
 - ``wait``: blocked on the other ranks: inside an explicit collective (a ``distributed_c10d.py``
   frame, ``c10d::`` operators), or, for DDP, inside ``backward`` without running an operator (its
   gradient all-reduce runs in C++ autograd hooks and backward waits for it at the end; CPU
-  traces only: on a GPU the operators run on the device's own thread);
+  traces only: on a GPU the operators run on the device's own thread); either only while a
+  collective is in flight on the backend (its ``gloo:*`` / ``nccl:*`` span, NCCL kernels) when
+  the trace has those spans: a thread starved of CPU or of the GIL is not waiting for a rank;
 - ``data``: in the DataLoader's ``__next__``;
 - ``sleep``: in ``time.sleep``;
 - ``blocked``: in another blocking call (a queue, a lock, a condition, select): waiting for
@@ -28,7 +30,7 @@ from bisect import bisect_right
 from typing import Any
 
 from flight_profiler.report.stacks import CallerIndex
-from flight_profiler.report.trace_loader import ANNOTATION, CPU_OP, PY_FRAME, RawTrace
+from flight_profiler.report.trace_loader import ANNOTATION, COMM, CPU_OP, PY_FRAME, RawTrace
 
 Intervals = list[tuple[float, float]]
 
@@ -122,9 +124,9 @@ def _training_thread(raw: RawTrace) -> int | None:
 def _window(raw: RawTrace) -> Intervals:
     if raw.steps:
         return merge([(ts, ts + dur) for _, ts, dur in raw.steps if dur > 0])
-    start, end = raw.span_ts, raw.span_end
-    if raw.trace_window:
-        start, end = min(start, raw.trace_window[0]), max(end, raw.trace_window[1])
+    # The profiler's own window when the trace says it: an event left open at the stop can
+    # end far later (seen: a 1.5 s window spanning 2.7 s), time no thread of it recorded.
+    start, end = raw.trace_window or (raw.span_ts, raw.span_end)
     return [(start, end)] if end > start else []
 
 
@@ -191,6 +193,12 @@ def training_work(raw: RawTrace) -> dict[str, Any] | None:
         # Inside backward without an operator running: waiting for the gradient all-reduce
         # (DDP), which ends backward. On a GPU the operators run on the device's thread.
         wait = merge(wait + subtract(merge(backward), ops_m))
+    flight = _in_flight(raw)
+    if flight:
+        # ... while a collective is in flight (the backend's span, on its own thread): a thread
+        # starved of CPU or of the GIL in backward, or back from a collective but waiting for
+        # the GIL, is not waiting for the other ranks.
+        wait = intersect(wait, flight)
     for name, iv in (("wait", wait), ("data", merge(data)), ("sleep", merge(sleep)),
                      ("blocked", merge(blocked)), ("compute", ops_m)):
         mine = subtract(intersect(iv, window), taken)
@@ -212,6 +220,21 @@ def training_work(raw: RawTrace) -> dict[str, Any] | None:
         "lines": _lines(raw, key, window, parts),
     })
     return out
+
+
+def _in_flight(raw: RawTrace) -> Intervals:
+    """When a collective was in flight: the backends' spans (``gloo:all_reduce`` on gloo's
+    thread, ``nccl:*``) and NCCL kernels, from the call's start on the backend to its end."""
+    spans: Intervals = []
+    names = raw.names
+    for th in raw.threads.values():
+        for i in range(len(th.ts)):
+            if th.kind[i] != PY_FRAME and names[th.name[i]].startswith(("gloo:", "nccl:")):
+                spans.append((th.ts[i], th.end[i]))
+    for i in range(len(raw.g_ts)):
+        if raw.g_kind[i] == COMM:
+            spans.append((raw.g_ts[i], raw.g_end[i]))
+    return merge(spans)
 
 
 def _data_elsewhere(raw: RawTrace, key: int, window: Intervals, window_us: float) -> float:

@@ -6,7 +6,7 @@ background thread that prefetches batches into a queue, SGD. Run under torchrun 
 
 MODE plants one problem on the last rank (the "odd" one); the others are healthy:
   healthy       nothing planted
-  slow_data     its samples take 20x longer to load (a slow disk on that node)
+  slow_data     its samples take 40x longer to load (a slow disk on that node)
   slow_compute  it computes an extra, expensive metric on every batch
   sleep         it sleeps in its logging call on every step (a slow metrics store)
   hang          its prefetch thread dies on a bad sample: it waits for a batch forever
@@ -59,7 +59,7 @@ def expensive_metric(outputs: torch.Tensor) -> float:
     """The odd rank's extra work in slow_compute: a similarity matrix of its features."""
     feats = outputs.detach().repeat(32, 32)  # 256 x 320
     sim = feats @ feats.T
-    for _ in range(3):
+    for _ in range(6):
         sim = torch.tanh(sim @ sim / sim.shape[0])
     return float(sim.mean())
 
@@ -117,7 +117,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = DDP(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = Samples(1_000_000, 0.01 if (mode == "slow_data" and odd) else 0.0005)
+    data = Samples(1_000_000, 0.02 if (mode == "slow_data" and odd) else 0.0005)
     loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), num_workers=2,
                         persistent_workers=True)
     prefetch = Prefetcher(loader, 6 if (mode == "hang" and odd) else None)
