@@ -89,6 +89,8 @@ def ddp_rank_trace(path: Path, rank: int, world: int, own: list[dict[str, float]
         for k in range(n):
             x("cpu_op", prefix, ts + k * dur / n, dur / n * 0.95)
 
+    # "starved": time inside backward without an operator before the rank enqueues its
+    # all-reduce (no CPU, or no GIL, for its thread): its own slowness, not a wait
     totals = [sum(o.values()) + fwd_us + bwd_us for o in own]
     t = 1_000_000.0
     start = t
@@ -135,8 +137,9 @@ def ddp_rank_trace(path: Path, rank: int, world: int, own: list[dict[str, float]
         done = t + max(totals) + comm_us
         py("torch/_tensor.py(626): backward", c, done - c)
         py("<built-in method run_backward of torch._C._EngineBase object at 0x7f0000000002>", c + 1, done - c - 2)
-        ops(c + 2, bwd_us - 4, 6, "autograd::engine::evaluate_function: AddmmBackward0")
-        enqueue = c + bwd_us
+        starved = mine.get("starved", 0.0)
+        ops(c + 2 + starved, bwd_us - 4, 6, "autograd::engine::evaluate_function: AddmmBackward0")
+        enqueue = c + bwd_us + starved
         x("cpu_op", "c10d::allreduce_", enqueue - 3, 2)
         x("user_annotation", "gloo:all_reduce", enqueue, done - enqueue, tid=2)
         x("cpu_op", "torch.distributed.ddp.reducer::copy_bucket_to_grad", done - 1, 0.5)

@@ -155,3 +155,11 @@ def test_a_rank_slower_for_no_reason_seen_is_said_at_info(tmp_path: Path) -> Non
     assert (f["rule"], f["severity"], f["ranks"]) == ("job-straggler", "info", [1])
     assert f["metrics"]["cause"] == "outside" and f["metrics"]["line"] is None
     assert "slowest in the profiled window" in f["title"]
+
+
+def test_a_rank_starved_inside_backward_is_not_waiting(tmp_path: Path) -> None:
+    # rank 0's thread gets no CPU (or no GIL) for 4 ms inside backward before it enqueues its
+    # all-reduce: no operator runs there, but no collective is in flight either. Counted as a
+    # wait, rank 1 (which waits for rank 0 in its all-reduce) looked like the straggler.
+    found = _job(ddp_traces(tmp_path, [{"starved": 4000}, {}]))
+    assert [(f["rule"], f["ranks"]) for f in found] == [("job-straggler", [0])]
