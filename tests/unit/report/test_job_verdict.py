@@ -163,3 +163,17 @@ def test_a_rank_starved_inside_backward_is_not_waiting(tmp_path: Path) -> None:
     # wait, rank 1 (which waits for rank 0 in its all-reduce) looked like the straggler.
     found = _job(ddp_traces(tmp_path, [{"starved": 4000}, {}]))
     assert [(f["rule"], f["ranks"]) for f in found] == [("job-straggler", [0])]
+
+
+def test_one_stack_sample_of_three_names_no_line(tmp_path: Path) -> None:
+    # a busy host put a healthy rank's samples once somewhere outside backward: not enough to
+    # say that is where the others' wait goes
+    waiting = json.loads((FIXTURES / "ddp_sleep" / "stacks" / "stacks_rank0.json").read_text())
+
+    def once(doc: dict[str, Any]) -> None:
+        if doc["rank"] == 1:
+            doc["samples"] = [doc["samples"][-1], *waiting["samples"][:2]]  # log_metrics once
+    stacks = _stacks(tmp_path, "ddp_sleep", once)
+    traces = ddp_traces(tmp_path / "t", [{}, {"sleep": 4000}], method_steps=True)
+    [f] = _job([stacks, *traces])
+    assert (f["ranks"], f["severity"], f["metrics"]["line"]) == ([1], "info", None)

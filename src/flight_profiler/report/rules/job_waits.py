@@ -196,18 +196,24 @@ def _stack_sites(ctx: Context, ranks: list[int], waiting: bool) -> list[str]:
 
 
 def _seen_at(ctx: Context, r: int) -> str | None:
-    """Where the stack samples saw rank r outside collectives most often."""
+    """Where the stack samples saw rank r outside collectives, when most of them saw it at the
+    same place (one sample of three is what a busy host shows too)."""
     from collections import Counter
 
     from flight_profiler.report.rank_stacks import rank_position
 
     seen: Counter[str] = Counter()
+    total = 0
     for inp in by_rank(ctx.stacks).get(r, []):
         for sample in inp.data.get("samples", []):
+            total += 1
             p = rank_position(sample)
             if p.kind not in ("collective", "backward", "idle"):
                 seen[f"{p.function} ({p.where})"] += 1
-    return seen.most_common(1)[0][0] if seen else None
+    if not seen:
+        return None
+    place, n = seen.most_common(1)[0]
+    return place if 2 * n > total else None
 
 
 def _evidence(figs: dict[int, dict[str, Any]]) -> list[str]:
@@ -224,9 +230,9 @@ def _evidence(figs: dict[int, dict[str, Any]]) -> list[str]:
                        f"({fmt_us(g['compute_us'])}), in collectives {fmt_pct(g['collective_pct'])}{step}")
     means = [g["step_mean_us"] for g in figs.values() if g["step_mean_us"]]
     if len(means) >= 2:
-        out.append(f"step time is alike on every rank (max {fmt_us(max(means))}, min "
-                   f"{fmt_us(min(means))}): in a synchronous job the others' steps last as long "
-                   "as the slow rank's, waiting")
+        out.append(f"step time per rank: max {fmt_us(max(means))}, min {fmt_us(min(means))} (not "
+                   "who is slow: in a synchronous job the others' steps last as long as the slow "
+                   "rank's, waiting; over a method's calls the waiting ranks' calls last longer)")
     return out[:64]
 
 
