@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -194,6 +195,9 @@ def verdicts(runs: int, modes: list[str], method: str, duration: str) -> None:
                     dead = job.dead_ranks()
                 finally:
                     job.stop()
+                kept = Path(tempfile.mkdtemp(prefix=f"bench-verdict-{mode}-"))
+                if (Path(tmp) / "diag").is_dir():
+                    shutil.copytree(Path(tmp) / "diag", kept / "diag", dirs_exist_ok=True)
             try:
                 doc = json.loads(proc.stdout)
             except json.JSONDecodeError:
@@ -208,7 +212,9 @@ def verdicts(runs: int, modes: list[str], method: str, duration: str) -> None:
                 f = found[0]
                 named = (f.get("metrics") or {}).get("line") or (f.get("where") or ["-"])[0]
             info = [f["title"][:60] for f in doc["findings"] if f["rule"].startswith("job-") and f["severity"] == "info"]
-            print(f"  {mode:<13} run {run + 1}: {'right' if ok else 'WRONG'} "
+            if ok:
+                shutil.rmtree(kept, ignore_errors=True)
+            print(f"  {mode:<13} run {run + 1}: {'right' if ok else 'WRONG (kept: ' + str(kept) + ')'} "
                   f"{[f'{r} {f_sev} rank {k}' for (r, k), f_sev in zip(got, [x['severity'] for x in found])]} "
                   f"line {named!r}; exit {doc['exit_code']} ({len(doc.get('missing') or [])} gaps); "
                   f"{wall:.1f} s; dead ranks {dead}" + (f"; info: {info}" if info else ""), flush=True)
