@@ -155,7 +155,9 @@ def main() -> int:
                 fh.write(json.dumps(rec) + "\n")
             print(f"run {n}: rc={rec['rc']} {rec['seconds']}s dead={rec['dead']} "
                   f"findings={rec.get('job_findings')} | totals {counts}", flush=True)
-            if not rec["dead"] and rec["launcher_exited"] is None:
+            flagged = [f for f in rec.get("job_findings") or [] if f[1] != "info"]
+            if not rec["dead"] and rec["launcher_exited"] is None and not (
+                    flagged and args.mode == "healthy"):
                 shutil.rmtree(args.out / f"diag-{n}", ignore_errors=True)  # keep the disk
     except KeyboardInterrupt:
         pass
