@@ -111,11 +111,11 @@ def start_profiler(prof: Any) -> None:
     PythonTracer) and materialises a frame object for each. On CPython <= 3.11 an allocation may
     run the garbage collector right there, and a finalizer's bytecode may hand the GIL over: the
     other threads then run in the middle of the walk, return from frames it holds, and the walk
-    follows a frame that is gone. Seen as a rank of a DDP job killed by SIGSEGV or SIGABRT
-    (``PyFrame_GetBack`` on a freed frame; torch's ``frame_refcount >= 2`` assertion) about one
-    diagnosis in ten, its DataLoader's prefetch thread having moved on meanwhile (core dump:
-    bench/stress_ddp_diagnose.py). No collection and no switch during the start: the walk sees
-    every thread as it is, as torch expects."""
+    follows a frame that is gone. Seen as a rank of a DDP trainer killed by SIGSEGV or SIGABRT
+    (``PyFrame_GetBack`` on a freed frame; torch's ``frame_refcount >= 2`` assertion): 1 of 62
+    diagnoses here, 1 in 14 in issue 20; the core dump shows the walk holding the finished frames
+    of the DataLoader's prefetch thread (bench/stress_ddp_diagnose.py). No collection and no
+    switch during the start: the walk sees every thread as it is, as torch expects."""
     with no_other_python(), quiet_native_stderr():
         prof.start()
 
