@@ -13,14 +13,19 @@ every GPU event at ts=0, dur=0 (measured on an H100, torch 2.11: 3 sessions expo
 end gave 16 of 16 kernels at ts=0 in the first two, none in the last; exported each right after
 its stop, none). So with ``export_dir`` set, a CUDA session is exported in ``stop()``, on the
 call's thread after the call has ended, and kept as an ``ExportedSession`` (its file).
+
+Every session starts through ``start_profiler``: see there for the crash it prevents.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import sys
 import tempfile
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from .call_window import Sessions
@@ -71,8 +76,7 @@ class PerCall:
         quiet = QuietStderr(python_warnings=False) if self.quiet_calls else None
         try:
             prof = self.torch.profiler.profile(**self.kwargs)
-            with quiet_native_stderr():
-                prof.start()
+            start_profiler(prof)
         except BaseException:
             if quiet is not None:
                 quiet.close()
@@ -93,8 +97,7 @@ class PerCall:
                 step.__exit__(None, None, None)
             if self.sync_cuda:
                 self.torch.cuda.synchronize()
-            with quiet_native_stderr():
-                prof.stop()
+            stop_profiler(prof)
         finally:
             if quiet is not None:
                 quiet.close()
@@ -118,6 +121,49 @@ class PerCall:
             if quiet is not None:
                 quiet.close()  # the target gets its stderr back now, whatever that call does
         return [prof for _, prof in self.sessions.close()]
+
+
+# Long enough that no thread waiting for the GIL asks for it while a session starts.
+_NO_SWITCH_S = 1000.0
+
+
+@contextlib.contextmanager
+def no_other_python() -> Iterator[None]:
+    """No other Python thread runs in this thread's C calls meanwhile: the garbage collector is
+    off (a collection runs finalizers, whose bytecode hands the GIL over at the next switch) and
+    the switch interval is raised (no thread asks for the GIL in between). Both are put back."""
+    was_enabled = gc.isenabled()
+    interval = sys.getswitchinterval()
+    gc.disable()
+    sys.setswitchinterval(_NO_SWITCH_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        if was_enabled:
+            gc.enable()
+
+
+def start_profiler(prof: Any) -> None:
+    """``prof.start()`` without the crash it can cause in a busy process.
+
+    With ``with_stack``, starting a session walks every Python thread's frames (torch's
+    PythonTracer) and materialises a frame object for each. On CPython <= 3.11 an allocation may
+    run the garbage collector right there, and a finalizer's bytecode may hand the GIL over: the
+    other threads then run in the middle of the walk, return from frames it holds, and the walk
+    follows a frame that is gone. Seen as a rank of a DDP trainer killed by SIGSEGV or SIGABRT
+    (``PyFrame_GetBack`` on a freed frame; torch's ``frame_refcount >= 2`` assertion): 1 of 62
+    diagnoses here, 1 in 14 in issue 20; the core dump shows the walk holding the finished frames
+    of the DataLoader's prefetch thread (bench/stress_ddp_diagnose.py). No collection and no
+    switch during the start: the walk sees every thread as it is, as torch expects."""
+    with no_other_python(), quiet_native_stderr():
+        prof.start()
+
+
+def stop_profiler(prof: Any) -> None:
+    """``prof.stop()`` likewise: it takes the tracer off every thread's state in turn."""
+    with no_other_python(), quiet_native_stderr():
+        prof.stop()
 
 
 def schedule_roles(wait: int, warmup: int, active: int, repeat: int) -> list[str]:

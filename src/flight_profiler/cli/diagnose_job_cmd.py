@@ -6,7 +6,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from flight_profiler.errors import ExitCode
+from flight_profiler.errors import ExitCode, FlightProfilerError, Incomplete
 from flight_profiler.safe_text import safe_text
 
 if TYPE_CHECKING:
@@ -21,8 +21,8 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
                        attach_timeout: float, fail_on: str | None, as_json: bool) -> None:
     from flight_profiler.cli.ranks_cmd import job_targets
     from flight_profiler.diagnose import default_out_dir
-    from flight_profiler.diagnose.all_ranks import diagnose_job
-    from flight_profiler.diagnose.outputs import prepare_out_dir, verdict
+    from flight_profiler.diagnose.all_ranks import diagnose_job, exit_code, nothing_collected
+    from flight_profiler.diagnose.outputs import prepare_out_dir
 
     targets = job_targets(pid, ranks_spec)
     out = out_dir or default_out_dir(pid, "flight_profiler-job")
@@ -35,11 +35,8 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
             sys.stderr.flush()
 
     job = diagnose_job(targets, out, method, calls, duration, timeout, attach_timeout, say)
-    code = ExitCode.OK
-    if fail_on and job.report is not None and job.report.reaches(fail_on):
-        code = ExitCode.FINDINGS
-    elif fail_on and job.report is None:
-        code = ExitCode.COMMAND_FAILED
+    failed_alike = nothing_collected(job)
+    code = failed_alike if failed_alike is not None else exit_code(job, fail_on)
     if as_json:
         doc = job.to_dict()
         doc["exit_code"] = code
@@ -51,7 +48,27 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
         render(job, Console())
     if code:
         # The JSON document or the rendering above already said it: the error only ends the run.
-        raise verdict(code, fail_on, 0)
+        err = _ending(code, fail_on, job, failed_alike is not None)
+        if not as_json:
+            from rich.console import Console
+
+            Console(stderr=True).print(err.message, highlight=False)
+        raise err
+
+
+def _ending(code: int, fail_on: str | None, job: JobDiagnosis, none_collected: bool) -> FlightProfilerError:
+    from flight_profiler.diagnose.outputs import verdict
+
+    if none_collected:
+        err = FlightProfilerError(f"no rank could be diagnosed (see each rank's error above): "
+                                  f"exit {code}", "", reported=True)
+        err.exit_code = code
+        return err
+    if code == ExitCode.INCOMPLETE:
+        return Incomplete(
+            f"{len(job.gaps())} part(s) of the evidence are missing (failed ranks or phases), so "
+            f"the job diagnosis is incomplete: exit {code}", "", reported=True)
+    return verdict(code, fail_on, 0)
 
 
 def render(job: JobDiagnosis, console: Console) -> None:
@@ -68,6 +85,13 @@ def render(job: JobDiagnosis, console: Console) -> None:
                           f"{txt(str(r.error.get('message')))}[/red]")
     if job.skipped_phases:
         console.print(f"[yellow]per-rank phases skipped: {txt(job.skipped_phases)}[/yellow]")
+    gaps = job.gaps()
+    if gaps:
+        console.print("[yellow]the evidence is incomplete:[/yellow]")
+        for g in gaps[:16]:
+            console.print(f"  rank {g['rank']}: {txt(str(g['phase']))} {txt(str(g['status']))}"
+                          f" ({txt(str(g['reason'])[:160])}): hides {txt(str(g['hides']))}",
+                          highlight=False)
     report = job.report
     if report is None:
         console.print("no report: nothing could be collected from the ranks")

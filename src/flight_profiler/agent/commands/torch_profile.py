@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from .. import call_window, trace_tools
-from ..profiler_sessions import PerCall, schedule_roles
+from ..profiler_sessions import PerCall, schedule_roles, start_profiler, stop_profiler
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
 from ..torch_support import (
@@ -24,7 +24,6 @@ from ..torch_support import (
     file_result,
     get_torch,
     output_path,
-    quiet_native_stderr,
 )
 
 
@@ -142,8 +141,7 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
     except Exception:  # older torch: only the agent's thread would be seen
         pass
     prof = torch.profiler.profile(**kwargs)
-    with quiet_native_stderr():
-        prof.start()
+    start_profiler(prof)
     started = time.monotonic()
     cancelled = False
     try:
@@ -158,8 +156,7 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
     finally:
         if use_cuda:
             torch.cuda.synchronize()
-        with quiet_native_stderr():
-            prof.stop()
+        stop_profiler(prof)
     info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3), "all_threads": all_threads,
                             "cancelled": cancelled}
     if not all_threads:
