@@ -1,10 +1,17 @@
-"""``torch profile``: a method's next calls (in the calling thread) or a time window (all
-threads) with torch.profiler, written as a Chrome trace; returns the top operators.
+"""``torch profile``: a method's next calls (in the calling thread), a time window (all
+threads), or a window around a method's next calls (all threads: the whole steps the calls run
+in), with torch.profiler, written as a Chrome trace; returns the top operators.
 
-args: target (method mode) or duration (window mode); calls, timeout, path/default_dir,
-record_shapes, profile_memory, with_stack, sort_by, row_limit, schedule [wait, warmup,
-active, repeat], tensorboard (a directory), label.
+args: target (method mode) or duration (window mode) or both with ``window`` (around mode);
+calls, timeout, path/default_dir, record_shapes, profile_memory, with_stack, sort_by, row_limit,
+schedule [wait, warmup, active, repeat], tensorboard (a directory), label.
 CPU activity always; CUDA activity when the target uses CUDA (synchronised before stopping).
+
+Windows carry step marks (agent/step_marks.py): each optimizer's steps and, around a method,
+its calls, so that the report can find the step whatever method was named. An all-threads
+session is started and stopped by the agent's thread, so it ends whatever the target does
+(the per-call sessions of method mode belong to the calling thread, see call_window.py); its
+price is that torch records no [memory] events from it.
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ import socket
 import time
 from typing import Any
 
-from .. import call_window, trace_tools
+from .. import call_window, profile_window, targets, trace_tools
 from ..profiler_sessions import PerCall, schedule_roles
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
+from ..step_marks import CALL_MARK, StepMarks
 from ..torch_support import (
     check_writable,
     cuda_in_use,
@@ -32,7 +40,11 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     torch = get_torch()
     duration = ctx.arg("duration")
     spec = ctx.arg("target")
-    if (duration is None) == (spec is None):
+    around = bool(ctx.arg("window"))
+    if around and spec is None:
+        raise CommandError("torch profile --window needs `module [class] method`",
+                           "e.g. `torch profile __main__ Model forward -n 10 --window`", ERR_USAGE)
+    if not around and (duration is None) == (spec is None):
         raise CommandError("torch profile needs either `module [class] method` or --duration",
                            "e.g. `torch profile __main__ train_step -n 3` or `torch profile --duration 5`",
                            ERR_USAGE)
@@ -47,7 +59,14 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
         "profile_memory": bool(ctx.arg("profile_memory")),
         "with_stack": bool(ctx.arg("with_stack")),
     }
-    if duration is not None:
+    if around:
+        prof, info = profile_window.around_calls(ctx, torch, spec, _activities(torch, use_cuda),
+                                                 use_cuda, options)
+        if prof is None:  # no all-threads profiling in this torch: one session per call
+            prof, info = _method(ctx, torch, spec, use_cuda, options)
+            info["note"] = ("this torch cannot profile all threads (no profile_all_threads): the "
+                            "calls only, one session each")
+    elif duration is not None:
         prof, info = _window(ctx, torch, float(duration), use_cuda, options)
     else:
         prof, info = _method(ctx, torch, spec, use_cuda, options)
@@ -65,7 +84,8 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     else:
         table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
     del trace
-    return {**file_result(path, size), "mode": "window" if duration is not None else "method",
+    mode = "around" if around and info.get("all_threads") else "window" if duration is not None and not around else "method"
+    return {**file_result(path, size), "mode": mode,
             "cuda": use_cuda, **info, "top_ops": table}
 
 
@@ -114,8 +134,12 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     roles = _schedule(ctx)
     if roles is not None:
         calls = len(roles)
+    described = targets.resolve(spec).description
+    # Marked calls and optimizer steps: the report tells a method that is the step from one
+    # that runs inside it (whose calls are no steps: their memory and graphs live on after them).
+    profile_window.mark_optimizers(ctx, torch, StepMarks(torch, None))
     per_call = PerCall(torch, {"activities": _activities(torch, use_cuda), **options}, roles,
-                       steps=roles is not None, sync_cuda=use_cuda)
+                       steps=roles is not None, sync_cuda=use_cuda, mark=f"{CALL_MARK}{described}")
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
                                         what="profile")
@@ -145,7 +169,9 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
         prof.start()
     started = time.monotonic()
     cancelled = False
+    marks = StepMarks(torch, None)
     try:
+        profile_window.mark_optimizers(ctx, torch, marks)
         while True:
             left = duration - (time.monotonic() - started)
             if left <= 0:
@@ -155,12 +181,13 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
                 cancelled = True
                 break
     finally:
+        ctx.remove_hooks()
         if use_cuda:
             torch.cuda.synchronize()
         with quiet_native_stderr():
             prof.stop()
     info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3), "all_threads": all_threads,
-                            "cancelled": cancelled}
+                            "cancelled": cancelled, "optimizer_steps": marks.optimizer_steps()}
     if not all_threads:
         info["note"] = "this torch cannot profile other threads (no profile_all_threads): the trace is mostly empty"
     return prof, info
