@@ -136,9 +136,14 @@ class CallerIndex:
 
 def operator_self_times(
     raw: RawTrace, tiny_us: float = 0.0, max_samples: int = 0,
+    within: tuple[float, float] | None = None, outer_tiny: list[float] | None = None,
 ) -> tuple[dict[str, list[float]], list[tuple[int, float, float, str]]]:
     """name -> [calls, total us, self us] for cpu_op events (self = minus nested cpu_ops), and
-    up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us."""
+    up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us.
+    ``within``: only operators that start in [start, end) (the whole steps). ``outer_tiny``
+    ([calls, us], added to): outermost operators (issued from Python, not from inside another
+    operator or autograd's backward) whose whole duration is under tiny_us."""
+    lo, hi = within if within is not None else (float("-inf"), float("inf"))
     tiny: list[tuple[int, float, float, str]] = []
     names = raw.names
     # Aggregated by name id in flat lists: no dict lookup or call per operator (1 M-event
@@ -164,6 +169,11 @@ def operator_self_times(
             t0 = ts[i] if i >= 0 else inf
             while stack and stack[-1][0] <= t0:
                 _e, nid_f, dur_, child, start = stack.pop()
+                if not lo <= start < hi:
+                    continue
+                if outer_tiny is not None and not stack and dur_ < tiny_us:
+                    outer_tiny[0] += 1
+                    outer_tiny[1] += dur_
                 nid = int(nid_f)
                 self_us = dur_ - child
                 if self_us < 0:
