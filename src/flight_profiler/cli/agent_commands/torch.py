@@ -159,6 +159,7 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
 # -- torch dataloader ----------------------------------------------------------------------
 
 _CATEGORY = {"dataloader_wait": "waiting for DataLoader workers", "dataloader_load": "loading batches itself",
+             "dataloader_receive": "receiving batches from DataLoader workers",
              "sleep": "sleeping", "io": "in I/O", "wait": "waiting", "running": "running Python/ops"}
 
 
@@ -197,3 +198,7 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
             console.print(f"  [bold]{th.get('thread')}[/bold]: {shares}")
             for top in (th.get("top") or [])[:2]:
                 console.print(f"    {top['share']:.0%} {top['where']}")
+    for row in data.get("next_timing") or []:
+        console.print(f"DataLoader next() timed on {row['thread']}: {row['batches']} batches in "
+                      f"{row['window_s']:.2f} s, {row['next_s']:.3f} s in next(): "
+                      f"{100 * float(row['share'] or 0):.1f}% of its loop")
