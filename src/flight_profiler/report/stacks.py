@@ -20,7 +20,7 @@ _FRAME_RE = re.compile(r"^(.*)\((\d+)\): (.*)$")
 _LIB_MARKERS = (
     "site-packages/", "dist-packages/", "torch/", "<built-in", "<frozen", "threading.py",
     "runpy.py", "contextlib.py", "functools.py", "/lib/python3", "typing.py", "abc.py",
-    "flight_profiler/agent",
+    "flight_profiler/agent", "/flight_profiler-", "<flight_profiler",  # the agent: staged, hooks
 )
 
 

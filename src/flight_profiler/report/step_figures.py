@@ -11,7 +11,7 @@ how many were clipped or left out.
 node, matched by sequence number against the backward functions that ran. A forward whose node
 no backward ran built a graph nobody used: inference with grad on. Judged in whole steps but the
 last (a graph built late in a step may be used by the next step's backward: a GAN's generator
-output), and only where steps are known: a method's calls alone (a forward, its backward after
+output; with one whole step, that one), and only where steps are known: a method's calls alone (a forward, its backward after
 it returns) cannot say whether a backward comes later.
 """
 
@@ -118,9 +118,10 @@ def unused_graph_nodes(raw: RawTrace, index: CallerIndex, model: StepModel) -> d
     """Graphs built in whole steps (but the last) and used by no backward; {} if not judged."""
     if model.region or not model.steps:
         return {}
-    judged = model.steps[:-1] if len(model.steps) > 1 else []
-    if not judged:
-        return {}
+    # One whole step (a long LBFGS step in a short window) is judged itself: a graph carried
+    # into the next step is then at most a few nodes (a GAN's generator output), far from
+    # eval-with-grad's bar.
+    judged = model.steps[:-1] if len(model.steps) > 1 else model.steps
     lo, hi = judged[0][1], judged[-1][1] + judged[-1][2]
     used = raw.bwd_seqs
     seen: set[int] = set()

@@ -136,3 +136,13 @@ def test_tiny_ops_inside_a_library_operator_are_info_and_from_the_loop_a_warning
     _, findings = _analyze(tmp_path, Loop(steps=6, python_tiny_ops=600, step_us=0))
     (g,) = _rules(findings, "launch-overhead")
     assert g.severity in ("warning", "critical") and "from Python" in g.title
+
+
+def test_the_agents_own_frames_are_never_the_programs_line() -> None:
+    # The agent's hook wrapper and its staged modules sit between the program's lines and the
+    # hooked method while the window marks the calls: "where" must skip them.
+    from flight_profiler.report.stacks import is_user_frame
+
+    assert not is_user_frame("<flight_profiler hook of /work/job/train.py:28>(2): forward")
+    assert not is_user_frame("/tmp/flight_profiler-0/agent-77d9ebcc/pkg/step_marks.py(51): on_enter")
+    assert is_user_frame("/work/job/train.py(28): forward")
