@@ -11,6 +11,11 @@ micro-batches; past ``soft`` seconds, twice), or the timeout. The method's
 calls and every optimizer step are marked in the trace (step_marks.py); the report finds the
 step from them and uses whole steps only.
 
+A method whose one call holds a whole step itself (an optimizer step or a backward completes
+inside it: ``train_step``, ``optimizer.step``), seen on one call watched before any profiling,
+is profiled one session per call instead (``holds_a_step``): its calls are the steps, and a
+session in the calling thread records the ``[memory]`` events the report judges growth on.
+
 The session runs over all threads and is started and stopped from the agent's thread, so that
 it ends at the timeout, on a cancel or a lost client whatever the target does next (a session
 that belongs to the target's thread could only be stopped by a later call that may never come).
@@ -20,6 +25,7 @@ and snapshots, not from this trace.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -58,19 +64,54 @@ def mark_optimizers(ctx: Context, torch: Any, marks: StepMarks) -> None:
 
 
 def _enough(marks: StepMarks, calls: int, elapsed: float, soft: float) -> bool:
-    """The calls are in, and STEPS_WANTED whole steps of every optimizer (or, after ``soft``
-    seconds, one whole step: a step of seconds would make the window too long to profile)."""
-    if marks.entered < calls + 1:
-        return False
+    """The calls are in, and STEPS_WANTED whole steps of every optimizer; or, after ``soft``
+    seconds, one whole period between calls and one whole step (a step of seconds, or a method
+    called every few seconds, would make the window too long to profile and to export)."""
     fewest = marks.fewest_steps()
-    if fewest is None or fewest >= STEPS_WANTED + 1:
+    if marks.entered >= calls + 1 and (fewest is None or fewest >= STEPS_WANTED + 1):
         return True
-    return elapsed >= soft and fewest >= 2
+    return elapsed >= soft and marks.entered >= 2 and (fewest is None or fewest >= 2)
+
+
+def holds_a_step(ctx: Context, torch: Any, target: Any, timeout: float) -> bool | None:
+    """Whether one call of the method runs a whole step itself (an optimizer step or a
+    backward completes inside it, in its thread), watched without profiling; None if no call
+    completed within ``timeout``. Such a method (``train_step``, ``optimizer.step``) is
+    profiled one session per call: its calls are steps, and a session in the calling thread
+    records the ``[memory]`` events an all-threads one cannot."""
+    marks = StepMarks(torch, None)
+    seen: dict[str, Any] = {}
+    done = threading.Event()
+
+    def on_enter(args: Any, kwargs: Any) -> Any:
+        if "thread" in seen:
+            return None
+        seen["thread"] = threading.get_ident()
+        return (sum(marks.steps), marks.backwards)
+
+    def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        if token is None or done.is_set():
+            return
+        seen["held"] = sum(marks.steps) > token[0] or marks.backwards > token[1]
+        done.set()
+
+    remove = hooks.install(target, on_enter, on_exit)
+    ctx.add_hook(f"probe of {target.description}", remove)
+    mark_optimizers(ctx, torch, marks)
+    try:
+        deadline = time.monotonic() + timeout
+        while not done.wait(0.05):
+            if ctx.wait(0) or time.monotonic() > deadline:
+                return None
+    finally:
+        ctx.remove_hooks()
+    return bool(seen.get("held"))
 
 
 def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use_cuda: bool,
                  options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
-    """(profiler, info), or (None, {}) where this torch cannot profile all threads."""
+    """(profiler, info), or (None, info) where a session per call is the better profile: this
+    torch cannot profile all threads, or the method holds a whole step (``holds_step``)."""
     config = all_threads_config(torch)
     if config is None:
         return None, {}
@@ -78,6 +119,14 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
     timeout = float(ctx.arg("timeout", 60.0) or 60.0)
     soft = float(ctx.arg("duration") or DEFAULT_SOFT_S)
     target = targets.resolve(spec)
+    started = time.monotonic()
+    held = holds_a_step(ctx, torch, target, timeout)
+    if held is None:
+        why = "cancelled before any call" if ctx.cancelled else f"no call of {target.description} within {timeout:g} s"
+        raise CommandError(why, "is the method being called? check with `watch`; raise --timeout", ERR_FAILED)
+    if held:
+        return None, {"holds_step": True}
+    timeout = max(1.0, timeout - (time.monotonic() - started))
     marks = StepMarks(torch, target.description)
     kwargs: dict[str, Any] = {"activities": activities, **options,
                               "experimental_config": config}

@@ -134,15 +134,35 @@ class CallerIndex:
         return out
 
 
+OUTER_STRIDE = 16
+
+
+def innermost_frame(index: CallerIndex, key: int, t: float) -> str | None:
+    """The innermost Python frame (any: program or library) open at (thread, t), or None."""
+    nested = index._thread(key)
+    if nested is None:
+        return None
+    p = bisect_right(nested.ts, t) - 1
+    while p >= 0 and nested.end[p] < t:
+        p = nested.parent[p]
+    while p >= 0:
+        if nested.kind[p] == PY_FRAME:
+            return index.raw.names[nested.name[p]]
+        p = nested.parent[p]
+    return None
+
+
 def operator_self_times(
     raw: RawTrace, tiny_us: float = 0.0, max_samples: int = 0,
     within: tuple[float, float] | None = None, outer_tiny: list[float] | None = None,
+    outer_samples: list[tuple[int, float]] | None = None,
 ) -> tuple[dict[str, list[float]], list[tuple[int, float, float, str]]]:
     """name -> [calls, total us, self us] for cpu_op events (self = minus nested cpu_ops), and
     up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us.
     ``within``: only operators that start in [start, end) (the whole steps). ``outer_tiny``
     ([calls, us], added to): outermost operators (issued from Python, not from inside another
-    operator or autograd's backward) whose whole duration is under tiny_us."""
+    operator or autograd's backward) whose whole duration is under tiny_us; ``outer_samples``
+    gets (thread, ts) of every OUTER_STRIDE-th of them."""
     lo, hi = within if within is not None else (float("-inf"), float("inf"))
     tiny: list[tuple[int, float, float, str]] = []
     names = raw.names
@@ -174,6 +194,8 @@ def operator_self_times(
                 if outer_tiny is not None and not stack and dur_ < tiny_us:
                     outer_tiny[0] += 1
                     outer_tiny[1] += dur_
+                    if outer_samples is not None and int(outer_tiny[0]) % OUTER_STRIDE == 1:
+                        outer_samples.append((key, start))
                 nid = int(nid_f)
                 self_us = dur_ - child
                 if self_us < 0:

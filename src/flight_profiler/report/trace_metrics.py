@@ -27,7 +27,12 @@ from flight_profiler.report.overlap import (
     length,
     short_gaps,
 )
-from flight_profiler.report.stacks import CallerIndex, operator_self_times
+from flight_profiler.report.stacks import (
+    CallerIndex,
+    innermost_frame,
+    is_user_frame,
+    operator_self_times,
+)
 from flight_profiler.report.step_figures import EDGE_US, dataloader_waits, unused_graph_nodes
 from flight_profiler.report.steps import StepModel, find_steps
 from flight_profiler.report.thresholds import T
@@ -313,7 +318,15 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
 
     # Operators (CPU) by self time
     outer = [0.0, 0.0]
-    ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, MAX_ATTRIBUTED, span, outer)
+    outer_at: list[tuple[int, float]] = []
+    ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, MAX_ATTRIBUTED, span, outer, outer_at)
+    # Issued from the program's own lines, not from a library's Python (an optimizer's
+    # per-parameter loop): the share of a sample of them whose innermost Python frame is the
+    # program's (all of them when the trace has no Python frames).
+    frames = [innermost_frame(index, k, t + 1e-3) for k, t in outer_at[:MAX_ATTRIBUTED]]
+    seen = [f for f in frames if f is not None]
+    program = sum(1 for f in seen if is_user_frame(f)) / len(seen) if seen else 1.0
+    outer = [outer[0] * program, outer[1] * program]
     if ops:
         self_list = sorted(ops.items(), key=lambda kv: -kv[1][2])
         m["top_operators"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
@@ -329,8 +342,8 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
             "tiny_self_us": round(tiny_self, 3), "tiny_self_pct_of_window": _pct(tiny_self, window),
             "tiny_self_pct_of_ops": _pct(tiny_self, self_total),
             "per_step": round(calls / len(steps), 1) if steps else None,
-            # Issued one by one from Python, each doing almost nothing (a loop over slices):
-            # what rewriting the program's own loop removes (rule launch-overhead).
+            # Issued one by one from the program's own Python, each doing almost nothing (a
+            # loop over slices): what rewriting that loop removes (rule launch-overhead).
             "from_python_tiny_calls": int(outer[0]),
             "from_python_tiny_us": round(outer[1], 3),
             "from_python_tiny_pct_of_window": _pct(outer[1], window),

@@ -30,7 +30,8 @@ class Loop:
     leak_per_step: int = 0  # bytes kept per step ([memory] events)
     forward_memory: int = 0  # bytes a forward allocates and its backward frees
     per_call: bool = False  # ProfilerStep sessions around each forward only (method mode)
-    python_tiny_ops: int = 0  # outermost tiny ops per step, issued from the program's loop
+    python_tiny_ops: int = 0  # outermost tiny ops per step, issued from Python ...
+    tiny_ops_frame: str = "train.py(30): smooth"  # ... by this frame (the program's loop)
     nested_tiny_ops: int = 0  # tiny ops per forward inside one library operator
     step_us: float = 10_000.0  # at least this long (idle padding)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -101,8 +102,10 @@ def write(loop: Loop, path: Path) -> Path:
                 # next session reports still holds the freed forward outputs.
                 t += 1520
             del start
+        if loop.python_tiny_ops:
+            _x(loop, "python_function", loop.tiny_ops_frame, t, 10.0 * loop.python_tiny_ops)
         for j in range(loop.python_tiny_ops):
-            _x(loop, "cpu_op", "aten::mul", t + 10 * j, 4.0)
+            _x(loop, "cpu_op", "aten::mul", t + 1 + 10 * j, 4.0)
         t += 10 * loop.python_tiny_ops + 5
         if not loop.per_call:
             for o in range(loop.optimizers):

@@ -62,9 +62,16 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     if around:
         prof, info = profile_window.around_calls(ctx, torch, spec, _activities(torch, use_cuda),
                                                  use_cuda, options)
-        if prof is None:  # no all-threads profiling in this torch: one session per call
-            prof, info = _method(ctx, torch, spec, use_cuda, options)
-            info["note"] = ("this torch cannot profile all threads (no profile_all_threads): the "
+        if prof is None:  # the method is the step, or no all-threads profiling: per call
+            held = bool(info.get("holds_step"))
+            # One warm-up call (its session pays kineto's start-up), then a ProfilerStep each.
+            calls = int(ctx.arg("calls", 1) or 1)
+            prof, info = _method(ctx, torch, spec, use_cuda, options,
+                                 schedule_roles(0, 1, calls, 1))
+            info["holds_step"] = held
+            info["note"] = ("each call holds a whole step (an optimizer step or a backward): one "
+                            "session per call, 1 warm-up call" if held else
+                            "this torch cannot profile all threads (no profile_all_threads): the "
                             "calls only, one session each")
     elif duration is not None:
         prof, info = _window(ctx, torch, float(duration), use_cuda, options)
@@ -126,12 +133,13 @@ def _schedule(ctx: Context) -> list[str] | None:
     return schedule_roles(wait, warmup, active, repeat)
 
 
-def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
+def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool],
+            roles: list[str] | None = None) -> tuple[Any, dict[str, Any]]:
     if not isinstance(spec, dict):
         raise CommandError("torch profile needs `module [class] method`", "", ERR_USAGE)
     calls = int(ctx.arg("calls", 1) or 1)
     timeout = float(ctx.arg("timeout", 60.0) or 60.0)
-    roles = _schedule(ctx)
+    roles = _schedule(ctx) if roles is None else roles
     if roles is not None:
         calls = len(roles)
     described = targets.resolve(spec).description
@@ -148,7 +156,7 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     if not profs:
         raise CommandError("no profiled call completed (only wait/warmup calls ran)",
                            "raise --timeout or use a shorter --schedule", ERR_FAILED)
-    if roles is not None:
+    if roles is not None and ctx.arg("schedule"):
         info["schedule"] = list(ctx.arg("schedule"))
     info["sessions"] = len(profs)
     return profs, info
