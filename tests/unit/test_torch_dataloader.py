@@ -201,3 +201,34 @@ def test_a_local_named_like_a_blocking_call_is_no_wait() -> None:
     finally:
         del frame
         t.join()
+
+
+def test_torch_waiting_for_its_own_work_is_running_not_idle() -> None:
+    # GIVEN threads blocked on a lock: one in torch's own Python (a collective's work.wait() in
+    # torch/distributed: the step's communication), one in the program's (an idle loop)
+    import sys
+    import threading
+
+    held = threading.Lock()
+    held.acquire()
+    ns: dict[str, Any] = {"held": held}
+    for filename, name in (("/venv/site-packages/torch/distributed/c10d.py", "all_reduce"),
+                           ("/work/job/train.py", "wait_for_jobs")):
+        source = f"def {name}():\n    if held.acquire(timeout=5):\n        held.release()\n"
+        exec(compile(source, filename, "exec"), ns)
+    threads = [threading.Thread(target=ns[n]) for n in ("all_reduce", "wait_for_jobs")]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.2)
+        frames = sys._current_frames()
+        torch_wait, program_wait = (frames[t.ident] for t in threads)  # type: ignore[index]
+        assert torch_wait.f_code.co_name == "all_reduce"
+        # THEN torch's wait is the step's work; the program's is a wait
+        assert dataloader_state.classify(torch_wait)[0] == "running"
+        assert dataloader_state.classify(program_wait)[0] == "wait"
+    finally:
+        frames = torch_wait = program_wait = None  # type: ignore[assignment]
+        held.release()
+        for t in threads:
+            t.join()

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from .thread_gate import AGENT_THREAD_PREFIX, blocked_in
 
 _LOADER_FILE = os.sep + os.path.join("torch", "utils", "data", "dataloader.py")
+_TORCH_DIR = os.sep + "torch" + os.sep
 _LOADER_WAITS = frozenset({"_get_data", "_try_get_data"})
 _LOADER_CALLS = frozenset({"__next__", "_next_data"})
 # Inside the loader's wait: blocked until a worker sends a batch (the queue's poll), or
@@ -206,6 +207,9 @@ def classify(frame: Any) -> tuple[str, str]:
     if name is not None and name in top.f_code.co_varnames:
         # A local passed as an argument (F.max_pool2d(input, ...)), not a blocking call: the
         # thread is running. thread_gate may err on the side of "parked"; an idle verdict may not.
+        name = None
+    if name is not None and _TORCH_DIR in top.f_code.co_filename:
+        # torch waiting for its own work (a collective's work.wait(), a stream): the step's.
         name = None
     if name == "sleep":
         return "sleep", f"sleep at {_where(top)}{_in_program(top)}"

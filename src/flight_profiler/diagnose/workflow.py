@@ -143,8 +143,11 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
             phase.data["mode"] = (f"all threads around {result.get('calls_entered')} calls of "
                                   f"{o.target.label}, {result.get('duration_s')}s"
                                   + (f" ({steps})" if steps else ""))
+        elif result.get("holds_step"):
+            phase.data["mode"] = (f"each call of {o.target.label} holds a whole step: its next "
+                                  f"{calls} calls, one session each (after 1 warm-up call)")
         else:
-            phase.data["mode"] = f"next {o.calls} calls of {o.target.label} (one session each)"
+            phase.data["mode"] = f"next {calls} calls of {o.target.label} (one session each)"
         _note_partial(phase, result, calls)
     else:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
