@@ -130,12 +130,10 @@ def check(ctx: Context) -> list[Finding]:
     judged = False
     for inp in ctx.traces:
         ag = inp.data.get("autograd") or {}
-        if "unused_nodes" in ag:
-            judged = True
-            found = _from_steps(inp, ag, measured)
-        else:
+        found = _from_steps(inp, ag, measured) if "unused_nodes" in ag else None
+        judged = judged or "unused_nodes" in ag or int(ag.get("backward_functions") or 0) > 0
+        if found is None:  # a window with no backward at all: an inference loop
             found = _without_steps(inp, ag, measured)
-            judged = judged or int(ag.get("backward_functions") or 0) > 0
         if found is not None:
             out.append(found)
     # The live calls alone: only where no profile saw graphs used and nothing trains.
