@@ -14,7 +14,6 @@ import contextlib
 import gc
 import os
 import sys
-import sysconfig
 import threading
 import time
 import weakref
@@ -227,9 +226,10 @@ def _where(frame: Any) -> str:
 
 
 def _library_roots() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots if r))
+    """The standard library's directory (installed packages are told by their site-packages /
+    dist-packages component). Not sysconfig: its data module is no part of the stdlib list."""
+    stdlib = os.path.dirname(os.path.abspath(os.__file__))
+    return (stdlib.rstrip(os.sep) + os.sep,)
 
 
 _LIBRARY_ROOTS = (*_library_roots(), os.path.dirname(os.path.abspath(__file__)) + os.sep)
