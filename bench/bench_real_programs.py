@@ -1,7 +1,9 @@
 """diagnose on the realistic programs (tests/integration/real_programs): per program, variant
 (healthy / planted mistake) and method (the model's forward, the step, none), N runs each; prints
-the verdict of every run (right or wrong, and why), the wall time, and the step the diagnosis
-found when it says one.
+the verdict of every run (right or wrong, and why), the wall time, the step the diagnosis found
+(what it is, how many per second, where the named method sits in it), and the DataLoader's share
+of the loop: timed by diagnose without the profiler, in the profile's whole steps, and as the
+program itself logs it with no tool attached (amp_classifier, dcgan).
 
     .venv/bin/python bench/bench_real_programs.py [--repeat 3] [--program NAME ...]
         [--variant healthy|mistake] [--method forward|step|none] [--duration 5] [--calls 10]
@@ -47,7 +49,9 @@ def main() -> int:
                     target = program.targets()[method]
                     for run in range(args.repeat):
                         out = Path(tmp) / f"{name}-{variant}-{method}-{run}"
-                        proc = cases.start(program, mistake, log=Path(tmp) / f"{out.name}.log")
+                        log = Path(tmp) / f"{out.name}.log"
+                        proc = cases.start(program, mistake, log=log)
+                        own = cases.own_dataloader_share(name, log.read_text(errors="replace"))
                         try:
                             code, doc, seconds = cases.diagnose(
                                 proc.pid, target, out,
@@ -65,13 +69,31 @@ def main() -> int:
                         step = doc.get("step") or doc.get("diagnose", {}).get("step") or "-"
                         total += 1
                         right += ok
+                        dl = doc.get("dataloader") or {}
+                        share = (f" DataLoader: {dl.get('timed_pct', '-')}% timed, "
+                                 f"{dl.get('profile_pct', '-')}% in the profile, "
+                                 f"{own if own is not None else '-'}% by the program itself"
+                                 if dl or own is not None else "")
                         line = (f"{name:26s} {variant:8s} {method:8s} run {run}: "
                                 f"{'RIGHT' if ok else 'WRONG'} {seconds:5.1f}s exit {code} "
-                                f"step={step if isinstance(step, str) else step.get('name', step)}  {why}")
+                                f"step={_step(step)}{share}  {why}")
                         rows.append(line)
                         print(line, flush=True)
     print(f"\n{right} of {total} right")
     return 0 if right == total else 1
+
+
+def _step(step: object) -> str:
+    if not isinstance(step, dict):
+        return str(step)
+    method = step.get("method") or {}
+    rate = step.get("steps_per_s")
+    text = f"{step.get('name')}({step.get('kind')}"
+    text += f", {rate:g}/s" if rate else ""
+    if method.get("role"):
+        per = method.get("calls_per_step")
+        text += f"; {method.get('name')}: {method['role']}" + (f" x{per:g}" if per else "")
+    return text + ")"
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 ``roles[i]`` says what call i is for: "active" (profiled and kept), "warmup" (profiled and
 dropped: the first sessions pay kineto's start-up), "wait" (not profiled). Active calls are
 wrapped in a ``ProfilerStep#i`` record_function when ``steps`` is set, as torch.profiler's own
-schedule does. ``stop()`` only ends collection (PyTorch parses results lazily); exporting
+schedule does, and in a ``mark`` annotation when one is given (step_marks.CALL_MARK: the report
+then knows these steps are calls of a method). ``stop()`` only ends collection (PyTorch parses results lazily); exporting
 happens later in the agent's thread. ``finish()`` returns the kept sessions and makes any late
 one (a call still in flight after a cancel) be discarded when it ends.
 
@@ -52,9 +53,10 @@ def _unlink(path: str) -> None:
 
 class PerCall:
     def __init__(self, torch: Any, kwargs: dict[str, Any], roles: list[str] | None = None,
-                 steps: bool = False, sync_cuda: bool = False,
+                 steps: bool = False, sync_cuda: bool = False, mark: str | None = None,
                  export_dir: str | None = None) -> None:
         self.torch = torch
+        self.mark = mark
         self.kwargs = kwargs
         self.roles = roles
         self.steps = steps
@@ -64,7 +66,7 @@ class PerCall:
         # before the session is freed during it: stderr stays filtered for each such call.
         self.quiet_calls = bool(kwargs.get("profile_memory"))
         self.sessions = Sessions()
-        self._live: dict[int, tuple[Any, Any, Any]] = {}  # index -> (prof, step, quiet)
+        self._live: dict[int, tuple[Any, list[Any], Any]] = {}  # index -> (prof, spans, quiet)
 
     def role(self, index: int) -> str:
         return self.roles[index] if self.roles is not None and index < len(self.roles) else "active"
@@ -81,20 +83,23 @@ class PerCall:
             if quiet is not None:
                 quiet.close()
             raise
-        step = None
-        if self.steps and role == "active":
-            step = self.torch.autograd.profiler.record_function(f"ProfilerStep#{index}")
-            step.__enter__()
-        self._live[index] = (prof, step, quiet)
+        spans = []
+        if role == "active":
+            names = ([f"ProfilerStep#{index}"] if self.steps else []) + ([self.mark] if self.mark else [])
+            for name in names:
+                span = self.torch.autograd.profiler.record_function(name)
+                span.__enter__()
+                spans.append(span)
+        self._live[index] = (prof, spans, quiet)
 
     def stop(self, index: int) -> None:
         entry = self._live.pop(index, None)
         if entry is None:
             return
-        prof, step, quiet = entry
+        prof, spans, quiet = entry
         try:
-            if step is not None:
-                step.__exit__(None, None, None)
+            for span in reversed(spans):
+                span.__exit__(None, None, None)
             if self.sync_cuda:
                 self.torch.cuda.synchronize()
             stop_profiler(prof)

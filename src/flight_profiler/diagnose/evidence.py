@@ -40,22 +40,63 @@ def missing(result: DiagnoseResult) -> list[dict[str, str]]:
             for p in result.phases if p.status in (FAILED, TIMED_OUT)]
 
 
-def live_findings(result: DiagnoseResult) -> list[Finding]:
-    """Findings from the watch and input phases (not from files): input-bound loops."""
-    from flight_profiler.report.rules import dataloader_bottleneck
+def step_of(findings_inputs: list[Any]) -> dict[str, Any] | None:
+    """The step model of the profile (the first trace's), as the report computed it."""
+    for inp in findings_inputs:
+        if getattr(inp, "kind", None) == "trace" and inp.ok and inp.data.get("step"):
+            return dict(inp.data["step"])
+    return None
 
+
+def dataloader_share(result: DiagnoseResult, inputs: list[Any]) -> dict[str, Any] | None:
+    """The DataLoader's share of the loop, timed (input phase) and in the profile's steps."""
+    from flight_profiler.report.live_loop import dataloader_share as timed_share
+
+    out: dict[str, Any] = {}
     phase = result.phase("input")
     watch = result.phase("watch")
-    loop = (watch.data.get("loop") if watch is not None else None) or None
-    if phase is None or loop is None or result.options.target is None:
+    if phase is not None:
+        timed = timed_share(phase.data.get("next_timing") or [],
+                            (watch.data.get("loop") if watch is not None else None) or None)
+        if timed is not None:
+            out["timed_pct"] = round(100.0 * float(timed["share"]), 2)
+            out["timed"] = timed
+    for inp in inputs:
+        dl = inp.data.get("dataloader") if getattr(inp, "kind", None) == "trace" and inp.ok else None
+        if dl:
+            out["profile_pct"] = dl.get("pct_of_window")
+            out["profile"] = {k: dl.get(k) for k in ("calls", "total_us", "clipped", "left_out",
+                                                      "cut_us")}
+            out["profile"]["over"] = inp.data.get("window_kind")
+            break
+    return out or None
+
+
+def live_findings(result: DiagnoseResult, step: dict[str, Any] | None = None) -> list[Finding]:
+    """Findings from the watch and input phases (not from files): the DataLoader's share of the
+    loop (timed), and a loop that idles."""
+    from flight_profiler.report import live_loop
+
+    phase = result.phase("input")
+    if phase is None:
         return []
+    watch = result.phase("watch")
+    loop = (watch.data.get("loop") if watch is not None else None) or None
     status = result.phase("status")
     cuda = bool(status.data.get("cuda")) if status is not None else False
     inputs = [os.path.join(result.options.out_dir, "diagnose.json")]
-    finding = dataloader_bottleneck.from_live(
-        loop, phase.data.get("threads") or [], phase.data.get("loaders") or [],
-        result.options.target.label, cpus=phase.data.get("cpus"), cuda=cuda, inputs=inputs)
-    return [finding] if finding is not None else []
+    method = result.options.target.label if result.options.target is not None else None
+    threads = phase.data.get("threads") or []
+    timed = live_loop.dataloader_share(phase.data.get("next_timing") or [], loop)
+    out = []
+    loader = live_loop.dataloader_finding(timed, loop, threads, phase.data.get("loaders") or [],
+                                          method, step, phase.data.get("cpus"), cuda, inputs)
+    if loader is not None:
+        out.append(loader)
+    idle = live_loop.idle_finding(loop, threads, method, inputs)
+    if idle is not None:
+        out.append(idle)
+    return out
 
 
 def refine_fixes(result: DiagnoseResult, findings: list[Finding]) -> None:
@@ -75,12 +116,35 @@ def refine_fixes(result: DiagnoseResult, findings: list[Finding]) -> None:
                                                        cuda=cuda) + f.fix[2:]
 
 
-def merge(result: DiagnoseResult, findings: list[Finding]) -> list[Finding]:
-    """The engine's findings plus the live ones; a live input-bound verdict replaces a weaker
-    trace-based one of the same rule (one problem, one finding)."""
+def merge(result: DiagnoseResult, findings: list[Finding], inputs: list[Any] | None = None,
+          ) -> list[Finding]:
+    """The engine's findings plus the live ones. One problem, one finding: a live DataLoader
+    verdict replaces the trace-based one, and a DataLoader share timed without the profiler
+    decides (the profiler slows the loop, not the workers); the trace's figures stay as
+    evidence."""
+    from flight_profiler.report.cost import settle
+
+    step = step_of(inputs or [])
     refine_fixes(result, findings)
-    extra = live_findings(result)
+    extra = live_findings(result, step)
+    settle(extra)
+    phase = result.phase("input")
+    timed = None
+    if phase is not None:
+        from flight_profiler.report.live_loop import dataloader_share
+
+        watch = result.phase("watch")
+        timed = dataloader_share(phase.data.get("next_timing") or [],
+                                 (watch.data.get("loop") if watch is not None else None) or None)
     rules = {f.rule for f in extra}
+    if timed is not None:
+        rules.add("dataloader-bottleneck")  # the timed share is the verdict, either way
+    replaced = [f for f in findings if f.rule in rules]
+    for f in extra:
+        for old in replaced:
+            if old.rule == f.rule:
+                f.evidence += [f"in the profile: {line}" for line in old.evidence[:2]]
+                f.where = f.where or old.where
     merged = [f for f in findings if f.rule not in rules] + extra
     merged.sort(key=Finding.order)
     return merged

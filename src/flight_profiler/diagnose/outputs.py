@@ -41,8 +41,10 @@ def build_report(result: DiagnoseResult) -> PhaseResult:
         # through descriptors where the target's user could have swapped an artefact
         report = evidence.analyze_artefacts(paths, evidence.target_uids(result.options.pid))
         # Live evidence no artefact carries (the loop's share, the loaders' settings).
-        report.findings = evidence.merge(result, report.findings)
+        report.findings = evidence.merge(result, report.findings, report.inputs)
         result.report = report
+        result.step = evidence.step_of(report.inputs)
+        result.dataloader = evidence.dataloader_share(result, report.inputs)
         out = result.options.out_dir
         extra = result_sections(result)
         data = report.to_dict()
@@ -83,6 +85,7 @@ def result_sections(result: DiagnoseResult) -> dict[str, Any]:
     trace = result.phase("trace")
     return {
         "target": target.words if target else None,
+        "step": result.step,
         "phases": [{"name": p.name, "title": p.title, "status": p.status, "reason": p.reason,
                     "seconds": round(p.seconds, 3), "command": p.command}
                    for p in result.phases],
@@ -96,9 +99,27 @@ def _status_text(status: str) -> str:
     return {OK: "ok", SKIPPED: "skipped", FAILED: "failed"}.get(status, status.replace("_", " "))
 
 
+def step_line(step: dict[str, Any] | None) -> str:
+    """One sentence: the step found, how, its rate, and where the named method sits in it."""
+    if not step:
+        return "No step found (no profile)."
+    if step.get("kind") == "window":
+        text = f"No step found: {step.get('how')}."
+    else:
+        rate = step.get("steps_per_s")
+        text = (f"The step: {step.get('name')} ({step.get('how')}); {step.get('whole_steps')} whole "
+                "steps in the profile" + (f", {rate:g} steps/s" if rate else "") + ".")
+    method = step.get("method") or {}
+    if method.get("role") == "inside the step" and method.get("calls_per_step"):
+        text += f" {method['name']} runs {method['calls_per_step']:g} time(s) per step, inside it."
+    elif method.get("role"):
+        text += f" {method.get('name')}: {method['role']}."
+    return text
+
+
 def sections_markdown(extra: dict[str, Any]) -> str:
     target = extra.get("target") or "(time window)"
-    lines = [f"## Diagnose workflow: `{target}`", "",
+    lines = [f"## Diagnose workflow: `{target}`", "", step_line(extra.get("step")), "",
              "| phase | status | seconds | note |", "|---|---|---:|---|"]
     for p in extra["phases"]:
         note = p["reason"] or (f"`{p['command']}`" if p["command"] else "")
@@ -140,6 +161,7 @@ def sections_html(extra: dict[str, Any]) -> str:
         f"<td>{p['seconds']:.2f}</td><td>{e(p['reason'] or p['command'])}</td></tr>"
         for p in extra["phases"])
     parts = [f"<section id=\"diagnose\"><h2>Diagnose workflow: <code>{e(target)}</code></h2>",
+             f"<p>{e(step_line(extra.get('step')))}</p>",
              "<table><tr><th>phase</th><th>status</th><th>seconds</th><th>note</th></tr>",
              rows, "</table>"]
     gaps = extra.get("missing_evidence") or []

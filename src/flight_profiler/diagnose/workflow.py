@@ -41,6 +41,17 @@ from flight_profiler.requests import torch as torch_requests
 # _call_impl -> forward eat several), and rows shown in the report once chains are collapsed.
 TRACE_DEPTH = 8
 WHERE_LEVELS = 3
+# The input phase's shortest look at a loop (whose method keeps it busy, or no method): enough
+# batches for the timed DataLoader share (3 whole periods at least) at ~2 batches/s.
+INPUT_SAMPLE_S = 2.0
+# Without a method the loop's period is unknown: a longer look.
+WINDOW_SAMPLE_S = 3.0
+# Calls the profile window holds at most: whole steps around them (3 or more) are what the
+# report needs; every profiled step of a Python-heavy loop costs seconds (the profiler records
+# each operator and Python call) and megabytes of trace.
+PROFILE_CALLS = 5
+# Calls recorded and traced when one call of the method is costly (Run.calls_for).
+HEAVY_CALLS = 3
 
 
 # -- phases -----------------------------------------------------------------------------------
@@ -75,6 +86,7 @@ def phase_locate(run: Run, phase: PhaseResult) -> None:
         raise Skip(f"{target.label} was not called within {t:g}s: the phases that observe its "
                    "calls are skipped")
     phase.data["first_call_ms"] = round(costs[0], 4) if costs else None
+    run.first_call_ms = costs[0] if costs else None
 
 
 def phase_memory(run: Run, phase: PhaseResult) -> None:
@@ -117,13 +129,26 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         run.progress.waiting("waiting for the other ranks, to profile the same window")
         phase.data["aligned"] = o.align_profile()
     if o.target is not None and run.method_called:
-        # A schedule marks each call as a ProfilerStep (per-step figures in the report); its one
-        # warm-up call keeps first-call effects out of the trace.
-        request = torch_requests.profile(run.words(), schedule=f"0,1,{o.calls}", file=path,
-                                         profile_memory=True, with_stack=True, timeout=o.timeout)
-        result = run.command(phase, request, expect_calls=o.calls + 1)
-        phase.data["mode"] = f"next {o.calls} calls of {o.target.label} (after 1 warm-up call)"
-        _note_partial(phase, result, o.calls + 1)
+        # All threads around the next calls: whole steps, wherever the method runs in them
+        # (a forward's outputs are freed and its graph used by the backward after it returns);
+        # the report finds the step from the marked calls and optimizer steps.
+        calls = min(o.calls, PROFILE_CALLS)
+        request = torch_requests.profile(run.words(), calls=calls, window=True,
+                                         duration=o.duration, file=path, profile_memory=True,
+                                         with_stack=True, timeout=o.timeout)
+        result = run.command(phase, request, expect_calls=calls)
+        if result.get("mode") == "around":
+            steps = ", ".join(f"optimizer {k}: {n} steps"
+                              for k, n in (result.get("optimizer_steps") or {}).items())
+            phase.data["mode"] = (f"all threads around {result.get('calls_entered')} calls of "
+                                  f"{o.target.label}, {result.get('duration_s')}s"
+                                  + (f" ({steps})" if steps else ""))
+        elif result.get("holds_step"):
+            phase.data["mode"] = (f"each call of {o.target.label} holds a whole step: its next "
+                                  f"{calls} calls, one session each (after 1 warm-up call)")
+        else:
+            phase.data["mode"] = f"next {calls} calls of {o.target.label} (one session each)"
+        _note_partial(phase, result, calls)
     else:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
         request = torch_requests.profile(duration=o.duration, file=path, profile_memory=True,
@@ -141,10 +166,11 @@ def phase_record(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
     path = run.path("record.pickle")
-    request = torch_requests.memory(run.words(), record=True, calls=o.calls, file=path,
+    calls = run.calls_for(HEAVY_CALLS)
+    request = torch_requests.memory(run.words(), record=True, calls=calls, file=path,
                                     timeout=o.timeout)
-    result = run.command(phase, request, expect_calls=o.calls)
-    _note_partial(phase, result, o.calls)
+    result = run.command(phase, request, expect_calls=calls)
+    _note_partial(phase, result, calls)
     expect_file(phase, path)
 
 
@@ -196,12 +222,15 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     run.require_torch()
     watch = run.watch_loop or {}
     idle = bool(watch) and float(watch.get("busy_share", 1.0)) < stats.BUSY_SHARE_IDLE
-    # Long enough to see a few loop periods, short enough not to slow the diagnosis down.
+    # Long enough to see a few loop periods (the DataLoader's share is timed over whole batch
+    # periods, see report/live_loop.py), short enough not to slow the diagnosis down.
     period_s = float(watch.get("period_ms", 0.0)) / 1000.0 if watch else 0.0
-    sample = min(5.0, max(1.0, 5 * period_s)) if idle or run.options.target is None else 0.5
+    floor = 1.0 if idle else INPUT_SAMPLE_S if run.options.target is not None else WINDOW_SAMPLE_S
+    sample = min(5.0, max(floor, 5 * period_s))
     result = run.command(phase, basic.dataloader(sample=sample), timeout=sample + 10)
     phase.data["loaders"] = result.get("loaders") or []
     phase.data["threads"] = result.get("threads") or []
+    phase.data["next_timing"] = result.get("next_timing") or []
     phase.data["sampled_s"] = result.get("sampled_s")
     phase.data["cpus"] = result.get("cpus")
     if watch:
@@ -214,9 +243,10 @@ def phase_trace(run: Run, phase: PhaseResult) -> None:
     assert o.target is not None
     try:
         # -i 0.01: keep callees down to 10 us so that small Python-level costs still add up.
-        request = hooks.trace(run.words(), count=o.calls, min_ms=0.01, depth=TRACE_DEPTH,
+        calls = run.calls_for(HEAVY_CALLS)
+        request = hooks.trace(run.words(), count=calls, min_ms=0.01, depth=TRACE_DEPTH,
                               timeout=o.timeout)
-        result = run.command(phase, request, expect_calls=o.calls)
+        result = run.command(phase, request, expect_calls=calls)
     except PhaseTimeout as exc:
         _summarise_trace(phase, exc.partial or {})
         raise

@@ -20,7 +20,10 @@ _FRAME_RE = re.compile(r"^(.*)\((\d+)\): (.*)$")
 
 # -- whose code a frame is: the program's, the standard library's, or an installed library's --
 PROGRAM, STDLIB, LIBRARY = "program", "stdlib", "library"
-_LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "flight_profiler/agent", "/torch/")
+# the agent's own code, staged or generated, is never the program's line ("eval-with-grad named
+# 'called from step_marks.py on_enter'")
+_LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "flight_profiler/agent", "/torch/",
+                    "/flight_profiler-", "<flight_profiler")
 _STDLIB_DIR = re.compile(r"/lib(?:64)?/python3(?:\.\d+)?t?/")
 # Where the path has no directory to tell (torch's traces strip sys.path prefixes:
 # ``threading.py(327): wait``, ``multiprocessing/queues.py(98): get``), the first name decides;
@@ -43,6 +46,8 @@ def frame_origin(path: str) -> str:
     packages, torch, our agent). Works on absolute paths (``stack``) and on the sys.path-relative
     ones of torch's traces."""
     p = path.replace("\\", "/")
+    if p.startswith("<flight_profiler"):
+        return LIBRARY  # the agent's generated hook wrappers
     if p.startswith("<") or not p:
         # <frozen importlib._bootstrap>, <built-in method ...>, <string>: not a file of the program
         return STDLIB if p.startswith(("<frozen", "<built-in")) or not p else PROGRAM
@@ -84,6 +89,7 @@ def where_frame(paths: Sequence[str]) -> tuple[int, list[int]]:
         at = next((i for i in range(len(paths) - 1, -1, -1)
                    if frame_origin(paths[i]) != STDLIB), len(paths) - 1)
     return at, list(range(at + 1, len(paths)))
+
 
 
 def is_user_frame(name: str) -> bool:
@@ -196,11 +202,36 @@ class CallerIndex:
         return out
 
 
+OUTER_STRIDE = 16
+
+
+def innermost_frame(index: CallerIndex, key: int, t: float) -> str | None:
+    """The innermost Python frame (any: program or library) open at (thread, t), or None."""
+    nested = index._thread(key)
+    if nested is None:
+        return None
+    p = bisect_right(nested.ts, t) - 1
+    while p >= 0 and nested.end[p] < t:
+        p = nested.parent[p]
+    while p >= 0:
+        if nested.kind[p] == PY_FRAME:
+            return index.raw.names[nested.name[p]]
+        p = nested.parent[p]
+    return None
+
+
 def operator_self_times(
     raw: RawTrace, tiny_us: float = 0.0, max_samples: int = 0,
+    within: tuple[float, float] | None = None, outer_tiny: list[float] | None = None,
+    outer_samples: list[tuple[int, float]] | None = None,
 ) -> tuple[dict[str, list[float]], list[tuple[int, float, float, str]]]:
     """name -> [calls, total us, self us] for cpu_op events (self = minus nested cpu_ops), and
-    up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us."""
+    up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us.
+    ``within``: only operators that start in [start, end) (the whole steps). ``outer_tiny``
+    ([calls, us], added to): outermost operators (issued from Python, not from inside another
+    operator or autograd's backward) whose whole duration is under tiny_us; ``outer_samples``
+    gets (thread, ts) of every OUTER_STRIDE-th of them."""
+    lo, hi = within if within is not None else (float("-inf"), float("inf"))
     tiny: list[tuple[int, float, float, str]] = []
     names = raw.names
     # Aggregated by name id in flat lists: no dict lookup or call per operator (1 M-event
@@ -226,6 +257,13 @@ def operator_self_times(
             t0 = ts[i] if i >= 0 else inf
             while stack and stack[-1][0] <= t0:
                 _e, nid_f, dur_, child, start = stack.pop()
+                if not lo <= start < hi:
+                    continue
+                if outer_tiny is not None and not stack and dur_ < tiny_us:
+                    outer_tiny[0] += 1
+                    outer_tiny[1] += dur_
+                    if outer_samples is not None and int(outer_tiny[0]) % OUTER_STRIDE == 1:
+                        outer_samples.append((key, start))
                 nid = int(nid_f)
                 self_us = dur_ - child
                 if self_us < 0:

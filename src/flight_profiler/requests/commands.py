@@ -202,6 +202,9 @@ def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--row-limit", type=click.IntRange(1), default=15, show_default=True, help="Rows of the operator table.")
 @click.option("--timeout", type=FiniteFloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
 @click.option("--schedule", help="wait,warmup,active[,repeat]: ProfilerStep per call (training steps).")
+@click.option("--window", is_flag=True,
+              help="All threads around the next N calls: the whole steps they run in (with a method; "
+                   "--duration: at most this long once the calls are in).")
 @click.option("--tensorboard", type=click.Path(file_okay=False), help="Write DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz.")
 @click.option("--label", default="", help="Trace name (and TensorBoard run name).")
 @click.pass_context
@@ -213,6 +216,7 @@ def profile(ctx: click.Context, /, **_: Any) -> AgentRequest:
     \b
     torch profile __main__ train_step -n 3 --with-stack
     torch profile mypkg.trainer Trainer step --schedule 1,1,3
+    torch profile __main__ Model forward -n 10 --window    the steps around 10 calls
     torch profile --duration 5 -f window.json.gz
     """
     return torch.profile(**_given(ctx))

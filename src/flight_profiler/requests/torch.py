@@ -101,11 +101,21 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
             file: str | None = None, record_shapes: bool = False, profile_memory: bool = False,
             with_stack: bool = False, sort_by: str | None = None, row_limit: int | None = None,
             timeout: float | None = None, schedule: str | None = None,
-            tensorboard: str | None = None, label: str | None = None) -> AgentRequest:
+            tensorboard: str | None = None, label: str | None = None,
+            window: bool = False) -> AgentRequest:
     """The next ``calls`` of ``target``, or all threads for ``duration`` s, to a Chrome trace;
-    ``schedule``: "wait,warmup,active[,repeat]"."""
-    if duration is not None and target:
-        raise UsageError("torch profile: give a method or --duration, not both")
+    ``schedule``: "wait,warmup,active[,repeat]". ``window``: all threads around the next
+    ``calls`` of ``target`` (whole steps around them; ``duration``: at most this long once the
+    calls are in)."""
+    if window and not target:
+        raise UsageError("torch profile: --window needs `module [class] method`",
+                         "e.g. `torch profile __main__ Model forward -n 10 --window`")
+    if window and schedule:
+        raise UsageError("torch profile: --window and --schedule cannot be combined",
+                         "--window finds the steps itself; --schedule marks each call as one")
+    if duration is not None and target and not window:
+        raise UsageError("torch profile: give a method or --duration, not both",
+                         "or add --window: all threads around the method's calls")
     if duration is None and not target:
         raise UsageError("torch profile: give `module [class] method` or --duration SECONDS",
                          "e.g. `torch profile __main__ train_step -n 3`")
@@ -117,14 +127,19 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
     }
     if tensorboard:
         args["tensorboard"] = os.path.abspath(os.path.expanduser(tensorboard))
-    if duration is not None:
+    if duration is not None and not window:
         if schedule:
             raise UsageError("torch profile: --schedule needs a method")
         args["duration"] = duration
     else:
         args.update(target=target_args(target), calls=calls or 1,
                     timeout=60.0 if timeout is None else timeout, schedule=schedule_list(schedule))
-    line = (Line("torch profile", *target).option("--duration", duration).option("-n", calls)
+        if window:
+            args["window"] = True
+            if duration is not None:
+                args["duration"] = duration
+    line = (Line("torch profile", *target).flag("--window", window).option("--duration", duration)
+            .option("-n", calls)
             .option("--schedule", schedule).option("-f", file).flag("--record-shapes", record_shapes)
             .flag("--profile-memory", profile_memory).flag("--with-stack", with_stack)
             .option("--sort-by", sort_by).option("--row-limit", row_limit).option("--timeout", timeout)

@@ -130,6 +130,30 @@ def judge(program: Program, mistake: bool, result: dict[str, Any]) -> tuple[bool
                    f"holder={f.get('metrics', {}).get('holder')} fix={f.get('fix')}")
 
 
+_AMP_LINE = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/\d+\]\s+Time\s+\S+\s+\(\s*([\d.]+)\)\s+"
+                       r"Data\s+\S+\s+\(\s*([\d.]+)\)")
+_DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
+
+
+def own_dataloader_share(name: str, log: str) -> float | None:
+    """The DataLoader's share of the loop (%) as the program itself measured it, with no tool
+    attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
+    cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations)."""
+    if name == "amp_classifier":
+        rows = [(int(e), int(i) + 1, float(t), float(d)) for e, i, t, d in _AMP_LINE.findall(log)]
+        if len(rows) < 2 or rows[-1][0] != rows[-2][0]:
+            return None
+        (_, n1, t1, d1), (_, n2, t2, d2) = rows[-2], rows[-1]
+        batch = t2 * n2 - t1 * n1
+        return round(100.0 * (d2 * n2 - d1 * n1) / batch, 2) if batch > 0 else None
+    if name == "dcgan":
+        rows = [(int(i), float(d), float(t)) for i, d, t in _DCGAN_LINE.findall(log) if int(i) > 0]
+        if not rows or rows[-1][2] <= 0:
+            return None
+        return round(100.0 * rows[-1][1] / rows[-1][2], 2)
+    return None
+
+
 def start(program: Program, mistake: bool, python: str = sys.executable,
           log: Path | None = None, seconds: float = 600) -> subprocess.Popen[bytes]:
     """Start ``program`` and return once it has logged ``program.ready``."""

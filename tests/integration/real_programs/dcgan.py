@@ -5,6 +5,10 @@ are synthetic (blurred blobs made by the Dataset's __getitem__) so that it runs 
 
     python dcgan.py [--seconds S] [--workers N] [--mistake]
 
+Every 20 iterations it logs, beside the losses, the seconds spent waiting for the DataLoader and
+the seconds of all iterations since the last line (the ImageNet example's Data/Time meters): the
+loader's share of the loop measured with no tool attached.
+
 --mistake plants the classic error: the losses are appended as tensors (`G_losses.append(errG)`)
 instead of numbers (`errG.item()`), so every iteration's graph stays alive in the lists.
 """
@@ -116,8 +120,11 @@ iters = 0
 print("Starting Training Loop...", flush=True)
 deadline = time.time() + opt.seconds
 epoch = 0
+data_time = batch_time = 0.0  # since the last log line, as the ImageNet example's meters
 while time.time() < deadline:
+    end = time.time()
     for i, data in enumerate(dataloader, 0):
+        data_time += time.time() - end
         ############################
         # (1) Update D network: maximize log(D(x)) + log(1 - D(G(z)))
         ###########################
@@ -151,10 +158,15 @@ while time.time() < deadline:
         D_G_z2 = output.mean().item()
         optimizerG.step()
 
+        batch_time += time.time() - end
+        end = time.time()
         if i % 20 == 0:
             print("[%d][%d/%d]\tLoss_D: %.4f\tLoss_G: %.4f\tD(x): %.4f\tD(G(z)): %.4f / %.4f"
-                  % (epoch, i, len(dataloader), errD.item(), errG.item(), D_x, D_G_z1, D_G_z2),
+                  "\tData %.3f\tTime %.3f"
+                  % (epoch, i, len(dataloader), errD.item(), errG.item(), D_x, D_G_z1, D_G_z2,
+                     data_time, batch_time),
                   flush=True)
+            data_time = batch_time = 0.0
 
         # Save Losses for plotting later
         if opt.mistake:

@@ -188,6 +188,7 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
 # -- torch dataloader ----------------------------------------------------------------------
 
 _CATEGORY = {"dataloader_wait": "waiting for DataLoader workers", "dataloader_load": "loading batches itself",
+             "dataloader_receive": "receiving batches from DataLoader workers",
              "sleep": "sleeping", "io": "in I/O", "wait": "waiting", "running": "running Python/ops"}
 
 
@@ -231,3 +232,8 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
             console.print(f"  [bold]{txt(th.get('thread'), 200)}[/bold]: {shares}", highlight=False)
             for top in (th.get("top") or [])[:2]:
                 console.print(f"    {fmt(top['share'], '.0%')} {txt(top['where'], 400)}", highlight=False)
+    for row in data.get("next_timing") or []:
+        console.print(f"DataLoader next() timed on {txt(row.get('thread'), 200)}: "
+                      f"{fmt(row.get('batches'), 'd')} batches in {fmt(row.get('window_s'), '.2f')} s, "
+                      f"{fmt(row.get('next_s'), '.3f')} s in next(): "
+                      f"{fmt(100 * float(row.get('share') or 0), '.1f')}% of its loop", highlight=False)
