@@ -24,7 +24,7 @@ from flight_profiler.agent.registry import CommandError  # noqa: E402
 from support import PYTHONS  # noqa: E402
 
 CENSUS_KEYS = {"format", "version", "pid", "time", "label", "totals", "groups", "holders", "sites",
-               "skipped", "elapsed_s", "census_id", "previous_id", "moment"}
+               "skipped", "elapsed_s", "census_id", "previous_id", "moment", "holders_complete"}
 HOLDER_KEYS = {"path", "example", "kind", "count", "bytes", "with_grad_fn", "graph_bytes", "root"}
 # Only where they apply: a local's frame depth, a capped container's limit and length, and what
 # the holder still holds of the previous census (with a previous census of this process).

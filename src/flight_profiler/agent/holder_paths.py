@@ -3,9 +3,13 @@ to it, e.g. ``__main__.trainer.history['loss'][412]``, ``main() local trainer.hi
 ``thread 'server' serve() local self.cache['req-7']``.
 
 One breadth-first walk builds a reverse map for all tensors at once (``gc.get_referrers`` per
-tensor would be quadratic). Roots: the globals of every imported module (``__main__`` first,
-then the program's own modules, then libraries), then the locals of every thread's running
-functions (the program's own walked to the end before any library function's). Walked: dict, list, tuple, set, deque, instance ``__dict__``, class ``__dict__``,
+tensor would be quadratic). Roots, each group walked to the end before the next: the globals
+of ``__main__`` and the program's own modules; the locals of the program's running functions
+in every thread (and the value a method just returned, when the census runs right after it);
+the globals of the libraries; the libraries' running functions' locals. Each root's origin is
+kept (global, local with its frame's depth, return value), and the cap of a container whose
+length is bounded (a deque's maxlen, an LBFGS history). Walked: dict, list, tuple, set, deque,
+instance ``__dict__``, class ``__dict__``,
 nn.Module parameters/buffers/submodules, and a tensor's ``.grad``. Not walked: closures,
 C++-held references (autograd graphs, C extensions), objects with ``__slots__`` only. Functions
 are walked through their closure cells (``make_hook.<closure cache>[*]``).
@@ -135,8 +139,8 @@ def _render(kind: int, label: Any, canonical: bool) -> str:
     return "[*]" if canonical else f"[<{type(label).__name__}>]"
 
 
-def _module_order(modules: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """``__main__`` first, then the program's own modules, then everything installed."""
+def _module_order(modules: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """(``__main__`` then the program's own modules, everything installed)."""
     prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     main: list[tuple[str, Any]] = []
     own: list[tuple[str, Any]] = []
@@ -151,7 +155,7 @@ def _module_order(modules: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
         (libs if not path or path.startswith(prefixes) or "site-packages" in path else own).append(
             (name, module)
         )
-    return main + own + libs
+    return main + own, libs
 
 
 def frame_prefix(thread: str, module: str, function: str) -> str:
@@ -306,38 +310,54 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
             frontier = []
         return True
 
-    # Module globals first, walked to the end: their paths are stable from one census to the
-    # next. Then running functions' locals, for what no global reaches.
-    for name, module in _module_order(list(sys.modules.items())):
-        try:
-            items = list(vars(module).items())
-        except Exception:
-            continue
-        for key, value in items:
-            if type(value) not in _ATOMIC and not key.startswith("__"):
-                visit(-1, ROOT, f"{name}.{key}", value, "global")
-    if not bfs():
-        return w
-    # Then the program's running functions, walked to the end before any library function's:
+    # The program's module globals first, walked to the end: their paths are stable from one
+    # census to the next. Then the program's running functions' locals, for what no global of
+    # its own reaches; only then the libraries' globals and functions: a census cut short by its
+    # budget (a loaded machine, a huge heap) has named what the program holds, and a tensor
+    # that a library also reaches is named by the program's own variable.
+    program, libraries = _module_order(list(sys.modules.items()))
+
+    def globals_of(modules: list[tuple[str, Any]]) -> None:
+        for name, module in modules:
+            try:
+                items = list(vars(module).items())
+            except Exception:
+                continue
+            for key, value in items:
+                if type(value) not in _ATOMIC and not key.startswith("__"):
+                    visit(-1, ROOT, f"{name}.{key}", value, "global")
+
+    # The program's running functions are walked to the end before any library function's:
     # while the main thread is inside optimizer.step(), sgd()'s local `param` reaches a weight in
     # one edge and would otherwise beat `main() local trainer.model.0.weight` (three edges), and
     # a tensor's name would depend on the moment it was looked at.
     roots = _frame_roots(skip_thread)
-    for library in (False, True):
-        for prefix, local_vars, in_library, depth in roots:
-            if in_library is library:
-                for key, value in local_vars.items():
-                    if type(value) not in _ATOMIC:
-                        w.roots.setdefault(f"{prefix} {key}", ("local", depth))
-                        visit(-1, ROOT, f"{prefix} {key}", value, "local")
-                local_vars.clear()
-        if not library:
-            for label, value in extra_roots or ():
-                w.roots.setdefault(label, ("return", -1))
-                visit(-1, ROOT, label, value, "return")
+    try:
+        globals_of(program)
         if not bfs():
-            break
-    roots.clear()
+            return w
+        for library in (False, True):
+            if library:
+                globals_of(libraries)
+                if not bfs():
+                    break
+            for prefix, local_vars, in_library, depth in roots:
+                if in_library is library:
+                    for key, value in local_vars.items():
+                        if type(value) not in _ATOMIC:
+                            w.roots.setdefault(f"{prefix} {key}", ("local", depth))
+                            visit(-1, ROOT, f"{prefix} {key}", value, "local")
+                    local_vars.clear()
+            if not library:
+                for label, value in extra_roots or ():
+                    w.roots.setdefault(label, ("return", -1))
+                    visit(-1, ROOT, label, value, "return")
+            if not bfs():
+                break
+    finally:
+        for root in roots:
+            root[1].clear()
+        roots.clear()
     return w
 
 

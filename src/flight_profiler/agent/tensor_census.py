@@ -240,6 +240,7 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
     w = holder_paths.walk(torch, wanted, budget.walk_objects, max_depth, budget.deadline,
                           extra_roots=extra_roots)
     wanted.clear()
+    holders_complete = not w.truncated
     if w.truncated:
         skipped.append(w.truncated)
     paths = {row[6]: w.path(row[6]) for row in rows}
@@ -324,6 +325,9 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
         "time": time.time(),
         "label": label,
         "census_id": census_id,
+        # False when the holder walk stopped at a budget: <unreached> then also holds tensors
+        # that a longer walk would have named.
+        "holders_complete": holders_complete,
         "previous_id": previous_id if census_history.known(previous_id) else None,
         "totals": totals,
         "groups": group_list[:MAX_GROUPS],

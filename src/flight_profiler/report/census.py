@@ -94,6 +94,7 @@ def parse_census(text: str) -> dict[str, Any]:
         "sites": sites[:50],
         "skipped": obj.get("skipped") if isinstance(obj.get("skipped"), dict) else None,
         "census_id": _text(obj.get("census_id"), 64),
+        "holders_complete": obj.get("holders_complete") is not False,
         "previous_id": _text(obj.get("previous_id"), 64),
         "moment": _text(obj.get("moment"), 300),
     }

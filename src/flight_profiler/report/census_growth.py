@@ -9,7 +9,8 @@ Growth is not a leak by itself. A holder *accumulates* when:
 - it is not capped: a ``deque(maxlen=N)``, or an LBFGS history (``history_size``), holds at
   most N entries however long the job runs (the census records the cap and the length);
 - it is not the value the named method had just returned (the census's ``return`` root: this
-  call's own output);
+  call's own output), nor ``<unreached>`` in a census whose holder walk stopped at its budget
+  (what a longer walk would have named is in there);
 - what it held before is still held (``kept``: the census remembers a few of each holder's
   tensors weakly and says how many are still alive at the same path), or its graph is chained
   to the graph it held before (``chained``). A list that lives inside a running ``forward()``
@@ -81,6 +82,7 @@ class History:
     path: str
     rows: list[dict[str, Any] | None]
     tracked: bool  # the censuses recorded survival (census_id / previous_id)
+    complete: bool = True  # every census's holder walk finished within its budget
     last: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -121,12 +123,13 @@ class History:
 def histories(series: list[InputResult]) -> list[History]:
     """Every holder path of a series (folded per container), in the last census's order first."""
     tracked = all(s.data.get("census_id") for s in series)
+    complete = all(s.data.get("holders_complete", True) for s in series)
     folded = [fold_holders(s.data["holders"]) for s in series]
     rows: dict[str, list[dict[str, Any] | None]] = {}
     for k, census in enumerate(folded):
         for h in census:
             rows.setdefault(h["path"], [None] * len(series))[k] = h
-    return [History(path, r, tracked) for path, r in rows.items()]
+    return [History(path, r, tracked, complete) for path, r in rows.items()]
 
 
 def growing(values: list[int]) -> bool:
@@ -139,6 +142,9 @@ def why_not_accumulating(h: History) -> str | None:
     judged by the rule), else why not."""
     if h.root == "return":
         return "the value the method had just returned (this call's own)"
+    if h.root == "unreached" and not h.complete:
+        return ("the holder walk of a census stopped at its budget, so who holds these tensors is "
+                "unknown (retry with a larger `--budget`)")
     cap = h.capped()
     if cap is not None and cap[1] <= cap[0]:
         return f"capped at {cap[0]} entries (now {cap[1]}): it fills up, then stays"
