@@ -247,6 +247,9 @@ def test_renderer_shows_holders_and_growth(work, tmp_path):
     render_tensors(result, Console(file=out, width=200))
     text = out.getvalue()
     assert "fp_torch_workload.losses[*]" in text and "what grew" in text and str(tmp_path) in text
+    # the loss held at the first census is still held: a list that accumulates, not one rebuilt
+    losses = next(h for h in result["holders"] if h["path"] == "fp_torch_workload.losses[*]")
+    assert (losses["kept"], losses["sampled"]) == (1, 1) and "1 of 1 still held" in text
 
 
 HOLDER_SCRIPT = r"""

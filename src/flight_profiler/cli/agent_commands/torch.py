@@ -94,10 +94,18 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
     console.print(f"{totals.get('count', 0)} live tensors, {_size(totals.get('bytes'))} "
                   f"(storages counted once); {totals.get('with_grad_fn', 0)} hold a grad_fn, their graphs "
                   f"keep {_size(totals.get('graph_bytes'))} more alive; census took {float(data.get('elapsed_s') or 0):.2f} s")
-    holders = Table(holder_col(), "kind", "tensors", "bytes", "grad_fn", "graph bytes", title="who holds them")
-    for h in data.get("holders") or []:
-        holders.add_row(h["example"] if h["path"] == h["example"] else f"{h['path']}  (e.g. {h['example']})",
-                        h["kind"], str(h["count"]), _size(h["bytes"]), str(h["with_grad_fn"]), _size(h["graph_bytes"]))
+    if data.get("moment") and data["moment"] != "at a safe point":
+        console.print(f"taken {data['moment']}")
+    rows = data.get("holders") or []
+    compared = any("sampled" in h for h in rows)
+    columns = ["kind", "tensors", "bytes", "grad_fn", "graph bytes"] + (["since the previous census"] if compared else [])
+    holders = Table(holder_col(), *columns, title="who holds them")
+    for h in rows:
+        kind = f"{h['kind']} (cap {h['cap']})" if "cap" in h else h["kind"]
+        cells = [kind, str(h["count"]), _size(h["bytes"]), str(h["with_grad_fn"]), _size(h["graph_bytes"])]
+        if compared:
+            cells.append(_since(h))
+        holders.add_row(h["example"] if h["path"] == h["example"] else f"{h['path']}  (e.g. {h['example']})", *cells)
     groups = Table("device", "dtype", "shape", "tensors", "bytes", "grad_fn", title="biggest groups")
     for g in data.get("groups") or []:
         groups.add_row(g["device"], g["dtype"], str(tuple(g["shape"])), str(g["count"]), _size(g["bytes"]), str(g["with_grad_fn"]))
@@ -124,6 +132,16 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
     skipped = data.get("skipped") or {}
     if skipped.get("reason"):
         console.print(f"[yellow]incomplete:[/yellow] {skipped['reason']}")
+
+
+def _since(h: dict[str, Any]) -> str:
+    """What a holder still holds of the previous census, and whether its graph is chained to it."""
+    parts = []
+    if "sampled" in h:
+        parts.append(f"{h.get('kept', 0)} of {h['sampled']} still held")
+    if h.get("chained") is True:
+        parts.append("graph chained to the previous one")
+    return "; ".join(parts) or "new"
 
 
 # -- torch profile -------------------------------------------------------------------------
