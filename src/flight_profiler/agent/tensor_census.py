@@ -308,7 +308,10 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
     origins.clear()
     members.finish(holders)
     census_id = os.urandom(6).hex()
-    compared = members.history(torch, tensors, census_id, previous_id, budget.graph_nodes)
+    # The biggest holders, and those with graphs, are the ones a later census must compare.
+    ranked = sorted(holders.values(), key=lambda h: (h["with_grad_fn"] == 0, -(h["bytes"] + h["graph_bytes"])))
+    compared = members.history([h["path"] for h in ranked], tensors, census_id, previous_id,
+                               budget.graph_nodes)
     for path, row in compared.items():
         if path in holders:
             holders[path].update(row)
@@ -399,9 +402,10 @@ class _Members:
                 holders[path]["length"] = sum(length for _, length in caps.values())
         self.caps.clear()
 
-    def history(self, torch: Any, tensors: list[Any], census_id: str, previous_id: str | None,
+    def history(self, order: list[str], tensors: list[Any], census_id: str, previous_id: str | None,
                 node_budget: int) -> dict[str, dict[str, Any]]:
-        """Compare with the previous census (if this process took it) and remember this one."""
+        """Compare with the previous census (if this process took it) and remember this one,
+        its holders in ``order`` (census_history keeps the first MAX_HOLDERS)."""
         graph = {p: ids for p, ids in self.graph.items() if len(ids) <= census_history.MAX_CHAINED}
         needed = {tid for ids in self.sample.values() for tid in ids}
         needed.update(tid for ids in graph.values() for tid in ids)
@@ -412,9 +416,9 @@ class _Members:
             if previous_id is not None and census_history.known(previous_id):
                 compared = census_history.compare(previous_id, self.path_of, graph_tensors, node_budget)
             census_history.remember(census_id, {
-                p: ([by_id[i] for i in ids if i in by_id],
+                p: ([by_id[i] for i in self.sample[p] if i in by_id],
                     [fn for fn in (getattr(t, "grad_fn", None) for t in graph_tensors.get(p, [])) if fn is not None])
-                for p, ids in self.sample.items()})
+                for p in order[:census_history.MAX_HOLDERS] if p in self.sample})
             return compared
         finally:
             by_id.clear()
