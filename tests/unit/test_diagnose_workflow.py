@@ -156,13 +156,13 @@ def test_cpu_run_runs_every_phase_and_writes_everything(options: DiagnoseOptions
     result = run_diagnosis(driver, options)
     st = statuses(result)
     for name in ("status", "locate", "memory", "snapshot-before", "census-before", "profile",
-                 "record", "watch", "input", "trace", "grads", "census-after", "snapshot-after",
-                 "report"):
+                 "record", "watch", "census-middle", "input", "trace", "grads", "census-after",
+                 "snapshot-after", "report"):
         assert st[name] == "ok", (name, result.phase(name).reason)
     assert any(" -s " in ln for ln in driver.lines) and any(" -r " in ln for ln in driver.lines)
     out = Path(options.out_dir)
     for name in ("snapshot-before.pickle", "snapshot-after.pickle", "record.pickle",
-                 "census-before.json", "census-after.json", "profile.json.gz", "report.md",
+                 "census-before.json", "census-middle.json", "census-after.json", "profile.json.gz", "report.md",
                  "report.json", "report.html", "diagnose.json"):
         assert (out / name).stat().st_size > 0, name
     # the census pair reached the report engine: the growing list is found
@@ -186,14 +186,18 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "watch __main__ train_step --expr cost -n 1 --timeout 7",
         "torch memory",
         f"torch memory -s -f {out}/snapshot-before.pickle",
-        f"torch tensors -f {out}/census-before.json",
+        f"torch tensors __main__ train_step -f {out}/census-before.json --timeout 7",
         f"torch profile __main__ train_step --window --duration 0.1 -n 4 -f {out}/profile.json.gz "
         "--profile-memory --with-stack --timeout 7",
         f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7",
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
+        # three censuses, each right after a call of the method, each compared with the last
+        f"torch tensors __main__ train_step -f {out}/census-middle.json --diff {out}/census-before.json "
+        "--timeout 7",
         "torch dataloader --sample 2",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
-        f"torch tensors -f {out}/census-after.json --diff {out}/census-before.json",
+        f"torch tensors __main__ train_step -f {out}/census-after.json --diff {out}/census-middle.json "
+        "--timeout 7",
         f"torch memory -s -f {out}/snapshot-after.pickle",
         f"torch grads __main__ train_step -n 4 -f {out}/grads.json --timeout 7",
     ]
@@ -306,11 +310,11 @@ def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOp
 def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions) -> None:
     progress = Recorder()
     run_diagnosis(FakeDriver(), options, progress)
-    assert progress.lines[0] == "phase 1/14 Check the target (torch, CUDA)"
+    assert progress.lines[0] == "phase 1/15 Check the target (torch, CUDA)"
     assert "waiting waiting for train_step to be called: 3 of 4 calls" in progress.lines
     assert "waiting 4 of 4 calls seen; the agent is finishing (writing its files)" in progress.lines
     assert progress.lines[-1] == "done report ok"
-    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 14
+    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 15
 
 
 def test_partial_calls_are_kept_and_said(options: DiagnoseOptions) -> None:
@@ -340,7 +344,8 @@ def test_an_output_directory_with_spaces_is_quoted(tmp_path: Path) -> None:
     driver = FakeDriver()
     result = run_diagnosis(driver, options)
     assert statuses(result)["census-after"] == "ok"
-    assert f"torch tensors -f '{options.out_dir}/census-before.json'" in driver.lines
+    assert f"torch tensors __main__ train_step -f '{options.out_dir}/census-before.json' --timeout 7" \
+        in driver.lines
     assert (Path(options.out_dir) / "profile.json.gz").exists()
     assert result.phase("profile").files == [f"{options.out_dir}/profile.json.gz"]
 

@@ -24,6 +24,7 @@ HIDES = {
     "snapshot-before": "memory growth over time and fragmentation (snapshots)",
     "snapshot-after": "memory growth over time and fragmentation (snapshots)",
     "census-before": "leaks of small tensors, who holds them, and retained autograd graphs",
+    "census-middle": "whether growth goes on (three censuses tell a leak from a cache filling up)",
     "census-after": "leaks of small tensors, who holds them, and retained autograd graphs",
     "profile": "hot operators, launch overhead, transfer/sync stalls, DataLoader waits in the step",
     "record": "where the method allocates",

@@ -8,9 +8,10 @@ torch not imported, no method given, the method not called in time). A phase tha
 skipped never stops the others; only a target that does not exist (a typo in the module or
 method) ends the diagnosis, since every later phase would fail the same way.
 
-Order matters: the "before" snapshot and census come first, the "after" ones last with at least
-``options.duration`` seconds of the job running in between, so that the report engine can see
-growth; the profile comes before watch/trace so that their hooks cannot distort it.
+Order matters: the "before" snapshot and census come first, a "middle" census at least half of
+``options.duration`` later, the "after" ones last with at least ``options.duration`` seconds of
+the job running in between, so that the report engine can judge growth over three censuses; the
+profile comes before watch/trace so that their hooks cannot distort it.
 """
 
 from __future__ import annotations
@@ -112,13 +113,45 @@ def phase_snapshot_after(run: Run, phase: PhaseResult) -> None:
     _snapshot(run, phase, "snapshot-after.pickle")
 
 
-def phase_census_before(run: Run, phase: PhaseResult) -> None:
+def _census(run: Run, phase: PhaseResult, name: str, previous: str | None) -> dict[str, Any]:
+    """One census of the series (before, middle, after), each compared with the one before it.
+
+    With a method that is being called, it is taken right after the method's next call returns
+    (`torch tensors METHOD`): every census of the series then sees the program at the same point
+    of its step, and a running forward's locals cannot take the credit for what the loop holds.
+    """
     run.require_torch()
-    path = run.path("census-before.json")
-    result = run.command(phase, torch_requests.tensors(file=path))
-    run.census_before_at = time.monotonic()
+    path = run.path(name)
+    o = run.options
+    target = run.words() if o.target is not None and run.method_called else ()
+    diff = previous if previous is not None and os.path.exists(previous) else None
+    result = run.command(phase, torch_requests.tensors(
+        target, file=path, diff=diff, timeout=o.timeout if target else None))
     expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
+    phase.data["moment"] = result.get("moment")
+    return result
+
+
+def _let_it_run(run: Run, seconds: float) -> None:
+    """Growth needs time: let the job run until ``seconds`` after the first census."""
+    if run.census_before_at:
+        left = seconds - (time.monotonic() - run.census_before_at)
+        if left > 0:
+            run.progress.waiting(f"letting the job run {left:.0f}s more to measure growth")
+            time.sleep(left)
+
+
+def phase_census_before(run: Run, phase: PhaseResult) -> None:
+    _census(run, phase, "census-before.json", None)
+    run.census_before_at = time.monotonic()
+
+
+def phase_census_middle(run: Run, phase: PhaseResult) -> None:
+    # Growth is judged over three censuses at least (report/census_growth.py): two points
+    # cannot tell a leak from a cache filling up or a step caught at two moments.
+    _let_it_run(run, run.options.duration / 2)
+    _census(run, phase, "census-middle.json", run.path("census-before.json"))
 
 
 def phase_profile(run: Run, phase: PhaseResult) -> None:
@@ -263,20 +296,10 @@ def _summarise_trace(phase: PhaseResult, result: dict[str, Any]) -> None:
 
 
 def phase_census_after(run: Run, phase: PhaseResult) -> None:
-    run.require_torch()
-    o = run.options
-    if run.census_before_at:
-        # Growth needs time: let the job run at least `duration` seconds between the censuses.
-        left = o.duration - (time.monotonic() - run.census_before_at)
-        if left > 0:
-            run.progress.waiting(f"letting the job run {left:.0f}s more to measure growth")
-            time.sleep(left)
-    path = run.path("census-after.json")
-    before = run.path("census-before.json")
-    request = torch_requests.tensors(file=path, diff=before if os.path.exists(before) else None)
-    result = run.command(phase, request)
-    expect_file(phase, path)
-    phase.data["totals"] = result.get("totals")
+    _let_it_run(run, run.options.duration)
+    middle = run.path("census-middle.json")
+    _census(run, phase, "census-after.json",
+            middle if os.path.exists(middle) else run.path("census-before.json"))
     if run.census_before_at:
         phase.data["seconds_since_before"] = round(time.monotonic() - run.census_before_at, 2)
 
@@ -292,6 +315,7 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
     ("profile", "Profile with memory", phase_profile),
     ("record", "Record allocations during the method", phase_record),
     ("watch", "Watch the method's cost", phase_watch),
+    ("census-middle", "Tensor census (middle)", phase_census_middle),
     ("input", "DataLoaders, and where the loop waits", phase_input),
     ("trace", "Trace where the time goes", phase_trace),
     ("census-after", "Tensor census (after)", phase_census_after),

@@ -169,6 +169,7 @@ def memory(ctx: click.Context, /, **_: Any) -> AgentRequest:
 
 
 @click.command("torch tensors", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", nargs=-1)
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows per table.")
 @click.option("--by", type=click.Choice(["holder", "shape", "site"]), default="holder", show_default=True,
               help="Which table comes first (sites are only known to `torch memory -r`).")
@@ -176,15 +177,18 @@ def memory(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("-f", "--file", "file", help="Output JSON (default: fp-<pid>-census-<time>.json in this directory).")
 @click.option("--label", default="", help="Label stored in the census.")
 @click.option("--budget", type=FiniteFloatRange(0.1), default=5.0, show_default=True, help="Time budget in seconds.")
+@click.option("--timeout", type=FiniteFloatRange(0.1), help="With a method: seconds to wait for its call (default 30).")
 @click.pass_context
 def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
     """Live tensors and who holds them (leak finder).
 
-    --diff PREVIOUS.json for growth.
+    --diff PREVIOUS.json for growth. With a method, the census is taken right after its next
+    call returns (the same point of every step).
 
     \b
     torch tensors -f before.json
     torch tensors -f after.json --diff before.json    what grew, by holder and by shape
+    torch tensors __main__ Trainer step -f c2.json --diff c1.json
     """
     return torch.tensors(**_given(ctx))
 

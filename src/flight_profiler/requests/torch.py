@@ -70,18 +70,26 @@ def load_census(path: str) -> dict[str, Any]:
         raise BadInputFile(f"{full} is not JSON: {exc}", "pass a census written by `torch tensors`") from None
     if not isinstance(doc, dict) or doc.get("format") != "flight_profiler.census":
         raise BadInputFile(f"{full} is not a flight_profiler census", "pass a file written by `torch tensors`")
-    return {k: doc.get(k) for k in ("pid", "time", "label", "totals", "groups", "holders")}
+    return {k: doc.get(k) for k in ("pid", "time", "label", "totals", "groups", "holders", "census_id")}
 
 
-def tensors(top: int | None = None, by: str | None = None, diff: str | None = None,
-            file: str | None = None, label: str | None = None, budget: float | None = None) -> AgentRequest:
-    """A census of live tensors; ``diff``: a previous census file, to show what grew."""
+def tensors(target: Sequence[str] = (), top: int | None = None, by: str | None = None,
+            diff: str | None = None, file: str | None = None, label: str | None = None,
+            budget: float | None = None, timeout: float | None = None) -> AgentRequest:
+    """A census of live tensors; ``diff``: a previous census file, to show what grew;
+    ``target``: taken right after the method's next call returns (a step boundary), waiting
+    ``timeout`` seconds for it."""
+    if timeout is not None and not target:
+        raise UsageError("torch tensors: --timeout needs a method", "e.g. `torch tensors __main__ train_step`")
     args: dict[str, Any] = {"top": top or 10, "by": by or "holder", "label": label or "",
                             "seconds": 5.0 if budget is None else budget, **_out(file)}
+    if target:
+        args.update(target=target_args(target), timeout=30.0 if timeout is None else timeout)
     if diff:
         args["previous"] = load_census(diff)
-    line = (Line("torch tensors").option("--top", top).option("--by", by).option("-f", file)
-            .option("--diff", diff).option("--label", label).option("--budget", budget))
+    line = (Line("torch tensors", *target).option("--top", top).option("--by", by).option("-f", file)
+            .option("--diff", diff).option("--label", label).option("--budget", budget)
+            .option("--timeout", timeout))
     return AgentRequest("torch tensors", args, str(line))
 
 

@@ -115,11 +115,19 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
                   f"(storages counted once); {fmt(totals.get('with_grad_fn', 0), 'd')} hold a grad_fn, "
                   f"their graphs keep {_size(totals.get('graph_bytes'))} more alive; census took "
                   f"{fmt(data.get('elapsed_s') or 0, '.2f')} s", highlight=False)
-    holders = Table(holder_col(), "kind", "tensors", "bytes", "grad_fn", "graph bytes", title="who holds them")
-    for h in data.get("holders") or []:
+    if data.get("moment") and data["moment"] != "at a safe point":
+        console.print(f"taken {txt(data['moment'], 200)}", highlight=False)
+    rows = data.get("holders") or []
+    compared = any("sampled" in h for h in rows)
+    columns = ["kind", "tensors", "bytes", "grad_fn", "graph bytes"] + (["since the previous census"] if compared else [])
+    holders = Table(holder_col(), *columns, title="who holds them")
+    for h in rows:
+        kind = f"{txt(h['kind'], 80)} (cap {fmt(h['cap'], 'd')})" if "cap" in h else txt(h["kind"], 80)
+        cells = [kind, str(h["count"]), _size(h["bytes"]), str(h["with_grad_fn"]), _size(h["graph_bytes"])]
+        if compared:
+            cells.append(_since(h))
         where = txt(h["example"]) if h["path"] == h["example"] else f"{txt(h['path'])}  (e.g. {txt(h['example'])})"
-        holders.add_row(where, txt(h["kind"], 80), str(h["count"]), _size(h["bytes"]),
-                        str(h["with_grad_fn"]), _size(h["graph_bytes"]))
+        holders.add_row(where, *cells)
     groups = Table("device", "dtype", "shape", "tensors", "bytes", "grad_fn", title="biggest groups")
     for g in data.get("groups") or []:
         groups.add_row(txt(g["device"], 80), txt(g["dtype"], 80), _shape(g["shape"]), str(g["count"]),
@@ -149,6 +157,16 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
     skipped = data.get("skipped") or {}
     if skipped.get("reason"):
         console.print(f"[yellow]incomplete:[/yellow] {txt(skipped['reason'])}", highlight=False)
+
+
+def _since(h: dict[str, Any]) -> str:
+    """What a holder still holds of the previous census, and whether its graph is chained to it."""
+    parts = []
+    if "sampled" in h:
+        parts.append(f"{fmt(h.get('kept', 0), 'd')} of {fmt(h['sampled'], 'd')} still held")
+    if h.get("chained") is True:
+        parts.append("graph chained to the previous one")
+    return "; ".join(parts) or "new"
 
 
 # -- torch profile -------------------------------------------------------------------------
