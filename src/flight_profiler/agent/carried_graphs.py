@@ -100,16 +100,30 @@ def loop_frame_tensors(tensor_type: type) -> list[tuple[str, Any]]:
     return out
 
 
-def _key(node: Any) -> tuple[int, int]:
+_MAX_REAL_SEQ = 1 << 63  # AccumulateGrad's number is 2**64 - 1: not a creation order
+
+
+def node_key(node: Any) -> tuple[Any, int]:
+    """A node's identity that outlives its Python wrapper: (class name, sequence number).
+
+    Not id(node): a C++ node's Python wrapper can be freed between two looks and its address
+    given to another node's wrapper (seen on CUDA, torch 2.11: the cuDNN LSTM step k's node got
+    the wrapper address of step k-1's, which then had a new one), so an id named the wrong node
+    and a carried chain read as "not chained". Sequence numbers count a thread's autograd nodes;
+    with the class name two live nodes rarely share one. Nodes without a real number
+    (AccumulateGrad, unreadable) fall back to the id."""
     try:
-        return id(node), int(node._sequence_nr())
+        seq = int(node._sequence_nr())
     except Exception:
         return id(node), -1
+    if 0 <= seq < _MAX_REAL_SEQ:
+        return type(node).__name__, seq
+    return id(node), seq
 
 
-def reaches(starts: list[Any], wanted: dict[int, int], limit: int) -> tuple[bool | None, int]:
-    """Whether a node of ``wanted`` (id -> sequence number) is reachable from ``starts``, and how
-    many nodes were looked at; None when ``limit`` stopped the search first.
+def reaches(starts: list[Any], wanted: set[tuple[Any, int]], limit: int) -> tuple[bool | None, int]:
+    """Whether a node of ``wanted`` (node_key) is reachable from ``starts``, and how many nodes
+    were looked at; None when ``limit`` stopped the search first.
 
     Best first, oldest node first: autograd numbers nodes in creation order (per thread) and an
     edge always leads to an older node, so a node older than every wanted one cannot lead to
@@ -117,14 +131,14 @@ def reaches(starts: list[Any], wanted: dict[int, int], limit: int) -> tuple[bool
     before the side branches each step hangs off it (a micro-batch's whole graph): a chain of
     hundreds of steps costs a few nodes per step instead of every node of every step.
     """
-    floor = min((seq for seq in wanted.values() if seq >= 0), default=-1)
+    floor = min((key[1] for key in wanted if key[1] >= 0), default=-1)
     heap: list[tuple[int, int, Any]] = []
-    seen: set[int] = set()
+    seen: set[tuple[Any, int]] = set()
     tick = 0
 
     def push(node: Any) -> None:
         nonlocal tick
-        seq = _key(node)[1]
+        seq = node_key(node)[1]
         if floor >= 0 and 0 <= seq < floor:
             return
         tick += 1
@@ -138,14 +152,15 @@ def reaches(starts: list[Any], wanted: dict[int, int], limit: int) -> tuple[bool
             if len(seen) >= limit:
                 return None, len(seen)
             node = heapq.heappop(heap)[2]
-            if id(node) in seen:
+            key = node_key(node)
+            if key in seen:
                 continue
-            seen.add(id(node))
-            if id(node) in wanted and _key(node)[1] == wanted[id(node)]:
+            seen.add(key)
+            if key in wanted:
                 return True, len(seen)
             with contextlib.suppress(Exception):
                 for child, _ in node.next_functions:
-                    if child is not None and id(child) not in seen:
+                    if child is not None and node_key(child) not in seen:
                         push(child)
         return False, len(seen)
     finally:
@@ -158,7 +173,7 @@ class CarriedGraphs:
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
-        self.previous: dict[str, tuple[int, int]] = {}
+        self.previous: dict[str, tuple[Any, int]] = {}
         self.budget = NODES_PER_REQUEST
 
     def after_call(self, args: tuple[Any, ...], bound_first: bool, value: Any,
@@ -179,18 +194,18 @@ class CarriedGraphs:
                     found += _tensors(f"self.{name}", v, tensor_type, 2)
         found += caller or []
         out: dict[str, Any] = {}
-        current: dict[str, tuple[int, int]] = {}
+        current: dict[str, tuple[Any, int]] = {}
         was = {key: name for name, key in self.previous.items()}
         for name, t in found[:MAX_NAMES]:
             fn = getattr(t, "grad_fn", None)
             if fn is None:
                 continue
-            current[name] = _key(fn)
+            current[name] = node_key(fn)
             chained: bool | None = None
             walked = 0
             before = self.previous.get(name)
             if before is not None and before != current[name] and self.budget > 0:
-                chained, walked = reaches([fn], {before[0]: before[1]}, min(NODES_PER_CALL, self.budget))
+                chained, walked = reaches([fn], {before}, min(NODES_PER_CALL, self.budget))
                 self.budget -= walked
             try:
                 scalar = t.numel() == 1

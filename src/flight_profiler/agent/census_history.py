@@ -23,7 +23,7 @@ import contextlib
 import weakref
 from typing import Any
 
-from .carried_graphs import reaches
+from .carried_graphs import node_key, reaches
 
 KEEP_CENSUSES = 3
 SAMPLE = 8          # tensors per holder, as weak references
@@ -32,15 +32,8 @@ MAX_CHAINED = 8     # a holder of more graph-carrying tensors is a container, no
 MAX_HOLDERS = 300
 NODES_PER_HOLDER = 5_000
 
-_Book = dict[str, tuple[list["weakref.ref[Any]"], list[tuple[int, int]]]]
+_Book = dict[str, tuple[list["weakref.ref[Any]"], list[tuple[Any, int]]]]
 _BOOKS: collections.OrderedDict[str, _Book] = collections.OrderedDict()
-
-
-def node_key(node: Any) -> tuple[int, int]:
-    try:
-        return id(node), int(node._sequence_nr())
-    except Exception:
-        return id(node), -1
 
 
 def remember(census_id: str, holders: dict[str, tuple[list[Any], list[Any]]]) -> None:
@@ -87,7 +80,7 @@ def compare(previous_id: str, path_of: dict[int, str], graph_tensors: dict[str, 
         if roots and now and node_budget > 0:
             starts = [fn for fn in (getattr(t, "grad_fn", None) for t in now) if fn is not None]
             own = {node_key(fn) for fn in starts}
-            wanted = {key[0]: key[1] for key in roots if key not in own}
+            wanted = {key for key in roots if key not in own}
             if wanted and starts:
                 chained, walked = reaches(starts, wanted, min(NODES_PER_HOLDER, node_budget))
                 node_budget -= walked
