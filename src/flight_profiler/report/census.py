@@ -15,9 +15,11 @@ class CensusFormatError(ValueError):
 
 
 def _finite(v: Any) -> bool:
+    """A figure the report can add up and print: within int64 (1e308 is finite, but its sum
+    with another is not)."""
     if type(v) is int:
         return -(1 << 63) <= v < 1 << 63
-    return type(v) is float and math.isfinite(v)
+    return type(v) is float and math.isfinite(v) and abs(v) < 2.0 ** 63
 
 
 def _int(d: dict[str, Any], key: str) -> int:

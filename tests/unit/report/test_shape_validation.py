@@ -170,3 +170,44 @@ def test_odd_trace_metadata_is_ignored_not_fatal(tmp_path: Path, meta: dict[str,
     assert proc.returncode == ExitCode.OK, proc.stderr
     inp = json.loads(proc.stdout)["inputs"][0]
     assert inp["rank"] is None and inp["metrics"]["events"] == 20
+
+
+@pytest.mark.parametrize("where, value, why", [
+    ("block", 10 ** 400, "a block's size is out of range (a 1329-bit integer)"),
+    ("oom", 10 ** 400, "a trace entry's size is out of range (a 1329-bit integer)"),
+    ("block", float("nan"), "a block's size is not a number (float)"),
+    ("settings", [[[1]]], None),
+], ids=["huge-block", "huge-oom", "nan-block", "deep-settings"])
+def test_a_snapshot_with_figures_no_device_has_is_one_line(tmp_path: Path, where: str, value: Any,
+                                                           why: str | None) -> None:
+    from report_synth import snapshot, write_pickle
+
+    doc = snapshot(allocated=[(1 << 20, "train.py", 3)], oom={"size": 8 << 20, "device_free": 1 << 20})
+    if where == "block":
+        doc["segments"][0]["blocks"][0]["size"] = value
+    elif where == "oom":
+        doc["device_traces"][0][0]["size"] = value
+    else:
+        doc["allocator_settings"] = {"roundup_power2_divisions": value, "deep": {"a": {"b": 1}}}
+    path = write_pickle(tmp_path / "snap.pickle", doc)
+    proc, _, _ = report(tmp_path, str(path), "--json")
+    if why is None:  # settings are passed through flat: read, nothing deep in the report
+        assert proc.returncode == ExitCode.OK, proc.stderr
+        settings = json.loads(proc.stdout)["inputs"][0]["data"]["allocator_settings"]
+        assert settings == {"roundup_power2_divisions": [None], "deep": None}
+        return
+    proc, _, _ = report(tmp_path, str(path))
+    line = error_line(proc)
+    assert str(path) in line and why in line, line
+
+
+def test_a_census_figure_past_int64_is_refused_before_a_diff_overflows(tmp_path: Path) -> None:
+    # GIVEN a census whose total is 1e308 (finite, but twice it is not): before, `--diff --json`
+    # printed "-Infinity", which is not JSON
+    doc = copy.deepcopy(CENSUS)
+    doc["totals"]["bytes"] = 1e308
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    proc, _, _ = report(tmp_path, "--diff", str(path), str(FIXTURES / "agent" / "census_0.json"))
+    line = error_line(proc)
+    assert "field 'bytes' is not a finite number" in line, line
