@@ -47,6 +47,23 @@ def finite(v: Any) -> bool:
     return x is not None and math.isfinite(x)
 
 
+# Real documents nest 6 deep (measurements[k].models[i].layers[j][0]); the document is passed
+# to the report as it is, and writing it out recurses once per level.
+MAX_DEPTH = 32
+
+
+def deeper_than(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` (parsed JSON) nests containers more than ``limit`` deep; iterative."""
+    todo = [(obj, 0)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= limit:
+                return True
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def parse_grads(text: str) -> dict[str, Any]:
     try:
         obj = json.loads(text)
@@ -220,6 +237,8 @@ def check_grads(obj: Any) -> dict[str, Any]:
     GradsFormatError naming the first field that does not."""
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise GradsFormatError("not a gradient-health document (no \"format\": \"flight_profiler.grads\")")
+    if deeper_than(obj, MAX_DEPTH):
+        raise GradsFormatError(f"nested more than {MAX_DEPTH} deep: not a torch grads document")
     version = obj.get("version")
     if type(version) is not int or version not in VERSIONS:
         raise GradsFormatError(f"grads version {str(version)[:20]!r} is not supported (this reads {VERSIONS})")

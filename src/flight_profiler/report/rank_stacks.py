@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from flight_profiler.report.grads import deeper_than
+
 # torch.distributed's Python entry points of collectives (the wait happens inside them).
 _C10D_FILES = ("distributed_c10d.py",)
 _DATA_DIR = os.sep.join(("torch", "utils", "data")) + os.sep
@@ -202,6 +204,8 @@ def parse_stacks(text: str) -> dict[str, Any]:
         raise StacksFormatError(f"invalid JSON: {exc}") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise StacksFormatError(f'not a rank stacks file (no "format": "{FORMAT}")')
+    if deeper_than(obj, 32):  # real ones nest 7 deep; frames are passed to the report as they are
+        raise StacksFormatError("nested more than 32 deep: not a rank stacks file")
     version = obj.get("version")
     if type(version) is not int or version != VERSION:
         raise StacksFormatError(f"unsupported version {str(version)[:20]!r} (this reads {VERSION})")

@@ -211,3 +211,25 @@ def test_a_census_figure_past_int64_is_refused_before_a_diff_overflows(tmp_path:
     proc, _, _ = report(tmp_path, "--diff", str(path), str(FIXTURES / "agent" / "census_0.json"))
     line = error_line(proc)
     assert "field 'bytes' is not a finite number" in line, line
+
+
+@pytest.mark.parametrize("source, field", [
+    ("agent/grads.json", "models[0].layers[0].dtype"),
+    ("ranks/stuck/stacks/stacks_rank0.json", "samples[0].threads[0].frames[0].locals"),
+])
+def test_a_value_nested_900_deep_is_one_line_not_a_recursion_error(tmp_path: Path, source: str,
+                                                                   field: str) -> None:
+    # GIVEN our own file with one field nobody reads nested 900 deep (JSON allows it): before,
+    # writing the report out recursed once per level (RecursionError)
+    doc = json.loads((FIXTURES / source).read_text())
+    deep: Any = 1
+    for _ in range(900):
+        deep = [deep]
+    _set(field, deep)(doc)
+    path = tmp_path / Path(source).name
+    path.write_text(json.dumps(doc))
+    line = error_line(report(tmp_path, str(path), "--format", "md")[0])
+    assert "nested more than 32 deep" in line, line
+    proc, _, _ = report(tmp_path, str(path), "--json")
+    assert proc.returncode == ExitCode.BAD_INPUT_FILE and "Traceback" not in proc.stderr, proc.stderr
+    assert "nested more than 32 deep" in json.loads(proc.stdout)["error"]["message"]
