@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from flight_profiler.agent import protocol
 from flight_profiler.attach import remote_exec
 from flight_profiler.attach.methods import METHODS
 from flight_profiler.attach.outcome import Outcome
@@ -114,14 +113,15 @@ def inject(target: TargetInfo, method: str, deadline: float,
         gdb_selftest.check(gdb_path, say)
         helper_path, helper_note = helper_mod.find_helper()
         say(f"helper library: {helper_path or 'none'} ({helper_note})")
-    staged = staging.stage(target.uid, target.ns_pid, target.root, helper_path, target.pid_ns)
+    staged = staging.stage(target.home, target.ns_pid, target.root, helper_path, target.pid_ns)
     say(f"agent staged at {staged.pkg}")
     base: dict[str, object] = {"pkg": staged.pkg, "log": staged.log, "deadline": deadline,
                                "version": "0.1.0", "sock": staged.sock}
     if chosen == "remote_exec":
+        # the script goes beside the staged copy: a directory only we can write, the target reads
+        inner = os.path.dirname(os.path.dirname(staged.pkg))
         remote_exec.inject(target.pid, bootstrap_text(base),
-                           protocol.socket_dir(target.uid, target.root),
-                           protocol.socket_dir(target.uid))
+                           os.path.join(target.root, inner.lstrip("/")), inner)
         return Injection("remote_exec", "sys.remote_exec queued the bootstrap")
     if chosen == "pyrasite":
         pyrasite.inject(target.pid, bootstrap_text(base), max(deadline - time.time(), 1.0))
