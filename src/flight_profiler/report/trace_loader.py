@@ -25,6 +25,7 @@ import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import IO, Any, Callable
 
 from flight_profiler.report.fastjson import Args, Event, NeedStdlib, iter_batches
@@ -156,6 +157,12 @@ class RawTrace:
     fwd_name: array[int] = field(default_factory=lambda: array("l"))
     bwd_seqs: set[int] = field(default_factory=set)
     threads_left_out: int = 0  # CPU events of threads past MAX_THREADS, not kept
+    # GPU events at ts 0 with dur 0 (kineto lost their timestamps) while the CPU side runs at
+    # real ones: left out of g_* and memcpy (drop_untimed_gpu), counted here.
+    gpu_untimed: int = 0
+    gpu_events: int = 0  # GPU events read, the untimed ones included
+    g_untimed: array[int] = field(default_factory=lambda: array("q"))  # their g_* indices
+    m_untimed: array[int] = field(default_factory=lambda: array("q"))  # their memcpy indices
     name_chars: int = 0
 
     def intern(self, name: str) -> int:
@@ -301,6 +308,9 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                     if k is None:
                         k = gpu_kinds[i] = gpu_kind(name)
                     corr = _i64(args.correlation) if args is not None else -1
+                    untimed = ts == 0.0 and end == 0.0
+                    if untimed:
+                        raw.g_untimed.append(len(g_ts))
                     g_ts.append(ts)
                     g_end.append(end)
                     g_kind.append(k)
@@ -313,6 +323,8 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                         raw.gpu_devices.add(dev)
                     if cat == "gpu_memcpy" or name.startswith("Memcpy"):
                         nbytes = args.bytes if args is not None else 0
+                        if untimed:
+                            raw.m_untimed.append(len(raw.memcpy))
                         raw.memcpy.append((names[i], end - ts, max(_i64(nbytes), 0), corr))
                     continue
                 if cat == "cuda_runtime" or cat == "cuda_driver":
@@ -394,6 +406,34 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
         if th.ts:
             raw.span_ts = min(raw.span_ts, min(th.ts))
             raw.span_end = max(raw.span_end, max(th.end))
+    drop_untimed_gpu(raw)
+
+
+def drop_untimed_gpu(raw: RawTrace) -> None:
+    """Leave out the GPU events kineto wrote at ts 0 with dur 0 (it loses kernels', copies' and
+    memsets' timestamps when a profiler session is exported after a newer one started, torch
+    2.11 on an H100): beside CPU events at real timestamps they stretched the GPU span from 0
+    to now (4.67e12 us) and the report said "GPU busy 0.0%". Kept when the CPU side starts at 0
+    or has no events: then 0 may be a real time."""
+    raw.gpu_events = len(raw.g_ts)
+    drop = raw.g_untimed
+    cpu_start = min(raw.span_ts, min(raw.rt_ts, default=math.inf))
+    if not drop or not 0.0 < cpu_start < math.inf:
+        raw.g_untimed = raw.m_untimed = array("q")
+        return
+    keep = bytearray(b"\x01") * len(raw.g_ts)
+    for i in drop:
+        keep[i] = 0
+    for col in ("g_ts", "g_end", "g_kind", "g_corr", "g_name"):
+        old = getattr(raw, col)
+        setattr(raw, col, array(old.typecode, compress(old, keep)))
+    if raw.m_untimed:
+        keep = bytearray(b"\x01") * len(raw.memcpy)
+        for i in raw.m_untimed:
+            keep[i] = 0
+        raw.memcpy = list(compress(raw.memcpy, keep))
+    raw.gpu_untimed = len(drop)
+    raw.g_untimed = raw.m_untimed = array("q")
 
 
 def _memory_sample(raw: RawTrace, e: Event, key_of: Callable[[Any, Any], int]) -> None:
