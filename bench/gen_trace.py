@@ -2,6 +2,7 @@
 
     python bench/gen_trace.py OUT.json[.gz] [--events 1000000] [--seed 0] [--leak]
     python bench/gen_trace.py OUT.json --from REAL.json.gz --copies 10
+    python bench/gen_trace.py OUT.json.gz --shape nested --events 250000
 
 The second form tiles a real trace: N copies one after the other in time, with their
 correlation, flow and step ids shifted so that each copy stays a distinct set of steps (the
@@ -14,6 +15,9 @@ host-to-device copy of the batch, an ``.item()`` that synchronises (aten::item -
 aten::_local_scalar_dense -> cudaMemcpyAsync + cudaStreamSynchronize, a DtoH memcpy) and
 ``[memory]`` instant events. ``--leak`` makes Total Allocated grow by 4 MB a step.
 Deterministic for a given seed; streams to disk, so it needs no memory to speak of.
+
+The third form writes a hostile shape (``SHAPES``), the files issue 19 measured the report's
+cost on: what a trace costs to read must depend on its events, not on how they nest or name.
 """
 
 from __future__ import annotations
@@ -203,6 +207,63 @@ def tile(path: str, source: str, copies: int) -> int:
     return n
 
 
+# Hostile shapes: each event is cheap to write and compresses to almost nothing.
+SHAPES = {
+    "nested": "each cpu_op encloses the next (nesting depth = events)",
+    "identical": "the same cpu_op (same name, start and duration) again and again",
+    "unique-names": "a distinct 4 KB name per event, over cpu_op, kernel, runtime and memcpy",
+    "unique-threads": "each cpu_op on a thread of its own",
+    "memory-devices": "[memory] samples, each on a device id of its own",
+}
+
+
+def _hostile_event(shape: str, i: int, n: int) -> dict[str, Any]:
+    if shape == "nested":
+        return {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1,
+                "ts": float(i), "dur": float(2 * (n - i))}
+    if shape == "identical":
+        return {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1,
+                "ts": 0.0, "dur": 10.0}
+    if shape == "unique-names":
+        name = f"{i:08d}" * 512  # 4 KB
+        kind = i % 4
+        if kind == 0:
+            return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1,
+                    "ts": 10.0 * i, "dur": 5.0}
+        if kind == 1:
+            return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 10.0 * i,
+                    "dur": 5.0, "args": {"device": 0, "stream": 7, "correlation": i}}
+        if kind == 2:
+            return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1,
+                    "ts": 10.0 * i, "dur": 5.0, "args": {"correlation": i}}
+        return {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy " + name, "pid": 0, "tid": 7,
+                "ts": 10.0 * i, "dur": 5.0,
+                "args": {"device": 0, "stream": 7, "correlation": i, "bytes": 4}}
+    if shape == "unique-threads":
+        return {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": i,
+                "ts": float(i), "dur": 1.0}
+    if shape == "memory-devices":
+        return {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": float(i), "s": "t",
+                "args": {"Device Type": 1, "Device Id": i % 65536, "Total Allocated": i,
+                         "Total Reserved": i, "Bytes": 1, "Addr": i}}
+    raise ValueError(f"unknown shape {shape!r} (one of {', '.join(SHAPES)})")
+
+
+def hostile(path: str, shape: str, events: int) -> int:
+    """Write ``events`` events of the hostile ``shape`` (``SHAPES``) to ``path``."""
+    if path.endswith(".gz"):  # level 1: these compress ~1000x anyway, and level 9 is slow
+        out_cm: IO[str] = gzip.open(path, "wt", encoding="utf-8", compresslevel=1)  # noqa: SIM115
+    else:
+        out_cm = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by the with below
+    with out_cm as out:
+        out.write('{"traceEvents": [\n')
+        w = _Writer(out)
+        for i in range(events):
+            w.ev(_hostile_event(shape, i, events))
+        out.write("\n]}\n")
+    return w.count
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out")
@@ -211,8 +272,12 @@ def main() -> None:
     p.add_argument("--leak", action="store_true")
     p.add_argument("--from", dest="source", help="tile this real trace instead of synthesising")
     p.add_argument("--copies", type=int, default=10)
+    p.add_argument("--shape", choices=sorted(SHAPES), help="write this hostile shape instead")
     a = p.parse_args()
-    n = tile(a.out, a.source, a.copies) if a.source else generate(a.out, a.events, a.seed, a.leak)
+    if a.shape:
+        n = hostile(a.out, a.shape, a.events)
+    else:
+        n = tile(a.out, a.source, a.copies) if a.source else generate(a.out, a.events, a.seed, a.leak)
     print(f"wrote {n} events to {a.out}")
 
 

@@ -93,7 +93,8 @@ def render_html(report: Report) -> str:
     for inp in report.inputs:
         if inp.ok:
             P.append(f"<li><code>{escape(inp.path)}</code>: {escape(inp.kind)}"
-                     + (f", rank {inp.rank}" if inp.rank is not None else "") + "</li>")
+                     + (f", rank {inp.rank}" if inp.rank is not None else "")
+                     + "".join(f"<br>{escape(note)}" for note in inp.notes) + "</li>")
         else:
             P.append(f"<li class=\"bad\"><code>{escape(inp.path)}</code>: not read: {escape(str(inp.error))}</li>")
     P.append("</ul><h2>Problem Summary</h2>")

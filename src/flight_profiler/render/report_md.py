@@ -41,6 +41,7 @@ def render_markdown(report: Report) -> str:
         if inp.ok:
             extra = f", rank {inp.rank}" if inp.rank is not None else ""
             L.append(f"- `{inp.path}`: {inp.kind}{extra}")
+            L += [f"  - {note}" for note in inp.notes]
         else:
             L.append(f"- `{inp.path}`: **not read**: {inp.error}")
     L.append("")

@@ -150,6 +150,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
         con.print(Text(f"  {inp.kind}, {state}, {inp.elapsed_s:.2f} s", style="dim"))
         # Whole, on its own line, never wrapped: users copy these paths.
         con.print(Text(f"    {inp.path}"), soft_wrap=True)
+        for note in inp.notes:
+            con.print(Text(f"    {note}", style="yellow"))
 
 
 def _strip_source(summary: str, report: Report, f: Finding) -> str:

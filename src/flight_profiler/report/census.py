@@ -21,9 +21,11 @@ class CensusFormatError(ValueError):
 
 
 def _finite(v: Any) -> bool:
+    """A figure the report can add up and print: within int64 (1e308 is finite, but its sum
+    with another is not)."""
     if type(v) is int:
         return -(1 << 63) <= v < 1 << 63
-    return type(v) is float and math.isfinite(v)
+    return type(v) is float and math.isfinite(v) and abs(v) < 2.0 ** 63
 
 
 def _int(d: dict[str, Any], key: str) -> int:
@@ -55,8 +57,9 @@ def parse_census(text: str) -> dict[str, Any]:
     totals = obj.get("totals")
     if not isinstance(totals, dict):
         raise CensusFormatError("missing 'totals'")
+    by_device = totals.get("by_device")
     holders = []
-    for h in obj.get("holders") or []:
+    for h in _list(obj, "holders"):
         if not isinstance(h, dict) or not isinstance(h.get("path"), str):
             raise CensusFormatError("a holder has no 'path'")
         row = {
@@ -72,8 +75,8 @@ def parse_census(text: str) -> dict[str, Any]:
         if type(h.get("chained")) is bool:
             row["chained"] = h["chained"]
         holders.append(row)
-    groups = [g for g in (obj.get("groups") or []) if isinstance(g, dict)]
-    sites = [s for s in (obj.get("sites") or []) if isinstance(s, dict) and "site" in s]
+    groups = [_flat(g) for g in _list(obj, "groups")[:50] if isinstance(g, dict)]
+    sites = [_flat(s) for s in _list(obj, "sites") if isinstance(s, dict) and "site" in s][:50]
     time = obj.get("time")
     pid = obj.get("pid")
     if pid is not None and (type(pid) is not int or not 0 <= pid < 1 << 32):
@@ -87,12 +90,13 @@ def parse_census(text: str) -> dict[str, Any]:
         "totals": {
             "count": _int(totals, "count"), "bytes": _int(totals, "bytes"),
             "with_grad_fn": _int(totals, "with_grad_fn"), "graph_bytes": _int(totals, "graph_bytes"),
-            "by_device": totals.get("by_device") if isinstance(totals.get("by_device"), dict) else {},
+            "by_device": {str(k)[:100]: _flat(v) for k, v in list(by_device.items())[:64]
+                          if isinstance(v, dict)} if isinstance(by_device, dict) else {},
         },
         "holders": holders,
-        "groups": groups[:50],
-        "sites": sites[:50],
-        "skipped": obj.get("skipped") if isinstance(obj.get("skipped"), dict) else None,
+        "groups": groups,
+        "sites": sites,
+        "skipped": _flat(obj["skipped"]) if isinstance(obj.get("skipped"), dict) else None,
         "census_id": _text(obj.get("census_id"), 64),
         "holders_complete": obj.get("holders_complete") is not False,
         "previous_id": _text(obj.get("previous_id"), 64),
@@ -102,3 +106,29 @@ def parse_census(text: str) -> dict[str, Any]:
 
 def _text(v: Any, limit: int) -> str | None:
     return v[:limit] if isinstance(v, str) else None
+
+
+def _list(obj: dict[str, Any], key: str) -> list[Any]:
+    v = obj.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise CensusFormatError(f"'{key}' is not a list")
+    return v
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, bool)) or _finite(v)
+
+
+def _flat(d: dict[str, Any]) -> dict[str, Any]:
+    """The scalar fields of a row (and lists of scalars, e.g. a shape), strings cut: rows are
+    passed through to the report as they are, so nothing deep or huge may ride along."""
+    out: dict[str, Any] = {}
+    for k, v in list(d.items())[:32]:
+        if isinstance(v, list) and len(v) <= 64 and all(_scalar(x) for x in v):
+            v = [x[:200] if isinstance(x, str) else x for x in v]
+        elif not _scalar(v):
+            continue
+        out[str(k)[:100]] = v[:1000] if isinstance(v, str) else v
+    return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flight_profiler.report.loaders import load_one
-from flight_profiler.report.models import InputResult
+from flight_profiler.report.models import InputResult, strict
 from flight_profiler.report.units import fmt_bytes
 
 # Changes smaller than this (percent) are noise on a shared machine: not in the verdict.
@@ -54,10 +54,13 @@ class Diff:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "before": self.before, "after": self.after, "verdict": self.verdict,
-                "headline": self.headline.to_dict() if self.headline else None,
-                "sections": {k: [c.to_dict() for c in v] for k, v in self.sections.items()},
-                "notes": list(self.notes)}
+        """Strict JSON-ready (a non-finite figure from a hostile input becomes None)."""
+        out: dict[str, Any] = strict({
+            "kind": self.kind, "before": self.before, "after": self.after, "verdict": self.verdict,
+            "headline": self.headline.to_dict() if self.headline else None,
+            "sections": {k: [c.to_dict() for c in v] for k, v in self.sections.items()},
+            "notes": list(self.notes)})
+        return out
 
 
 def compare(before_path: str, after_path: str) -> Diff:

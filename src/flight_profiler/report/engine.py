@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from flight_profiler.report.cost import settle
-from flight_profiler.report.loaders import expand, load_one
+from flight_profiler.report.loaders import OWN_OUTPUT, expand, load_one
 from flight_profiler.report.models import Finding, InputResult, Report
 from flight_profiler.report.rules import Context, all_rules
 from flight_profiler.report.rules.job_common import tag_ranks
@@ -97,7 +97,11 @@ def analyze(paths: Iterable[str], jobs: int | None = None) -> Report:
 
     ``jobs``: worker processes for big multi-file inputs (default: CPU count, or
     $FP_REPORT_JOBS; 1 = all in this process)."""
-    inputs = _load_all(expand([os.fspath(p) for p in paths]), jobs)
+    notes: list[InputResult] = []  # directories whose walk stopped at a cap
+    walked: set[str] = set()
+    inputs = _load_all(expand([os.fspath(p) for p in paths], notes, walked), jobs)
+    # diagnose.json / report.json in a diagnose directory: not inputs, not worth a warning.
+    inputs = [i for i in inputs if not (i.kind == OWN_OUTPUT and i.path in walked)] + notes
     ctx = build_context(inputs)
     findings: list[Finding] = []
     for rule in all_rules():

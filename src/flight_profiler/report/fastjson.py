@@ -34,6 +34,7 @@ _END = re.compile(rb"\}\s*\]")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _NEXT = re.compile(rb"\s*,\s*\{")
 AVAILABLE = msgspec is not None
+BOM = b"\xef\xbb\xbf"
 
 
 class NeedStdlib(Exception):
@@ -92,9 +93,18 @@ else:  # pragma: no cover - the same shapes as plain classes, for the stdlib pat
     DecodeError = ValueError
 
 
+def _decode(decoder: Any, data: bytes | memoryview) -> Any:
+    """``decoder.decode(data)``; invalid UTF-8 (a mangled name) is read as U+FFFD, as the
+    stdlib path reads it, instead of ending the report."""
+    try:
+        return decoder.decode(data)
+    except UnicodeDecodeError:
+        return decoder.decode(bytes(data).decode("utf-8", "replace").encode("utf-8"))
+
+
 def _decode_batch(data: bytes | memoryview) -> list[Event]:
     try:
-        return _batch.decode(data)
+        return _decode(_batch, data)  # type: ignore[no-any-return]
     except (DecodeError, RecursionError) as exc:
         raise NeedStdlib(str(exc)) from None
 
@@ -102,7 +112,7 @@ def _decode_batch(data: bytes | memoryview) -> list[Event]:
 def _meta_items(text: bytes, on_meta: Callable[[str, Any], None] | None) -> None:
     """Decode ``{...}`` of top-level keys other than traceEvents; refuse anything odd."""
     try:
-        obj = _meta.decode(text)
+        obj = _decode(_meta, text)
     except (DecodeError, RecursionError) as exc:
         raise NeedStdlib(str(exc)) from None
     if on_meta is None:
@@ -118,6 +128,8 @@ def iter_batches(stream: IO[bytes], on_meta: Callable[[str, Any], None] | None =
     if msgspec is None:
         raise NeedStdlib("msgspec is not installed")
     start = stream.read(WINDOW)
+    if start.startswith(BOM):  # some editors and Windows tools write one; JSON readers skip it
+        start = start[len(BOM):]
     # The header: everything before the traceEvents array, decoded as an object of its own.
     while True:
         m = _KEY.search(start)
@@ -225,7 +237,7 @@ def _batch_at_a_cut(buf: bytearray, cuts: list[int], tries: int = 8,
         keep = buf[cut]
         buf[cut] = 0x5D
         try:
-            return cut, _batch.decode(memoryview(buf)[: cut + 1])
+            return cut, _decode(_batch, memoryview(buf)[: cut + 1])
         except (DecodeError, RecursionError):
             continue
         finally:
@@ -246,7 +258,7 @@ def _array_end(buf: bytearray, start: int, attempts: int = 8,
         attempts -= 1
         end = m.start() + 1
         try:
-            return end, _batch.decode(b"[" + buf[1:end] + b"]")
+            return end, _decode(_batch, b"[" + buf[1:end] + b"]")
         except (DecodeError, RecursionError):
             continue
     return None

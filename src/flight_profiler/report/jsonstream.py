@@ -26,8 +26,10 @@ _NOT_WS = re.compile(r"[^ \t\r\n]")
 # No event or top-level value of a real trace comes near this; a hostile file with one huge
 # string would otherwise make the window (and each retried decode of it) grow without bound.
 MAX_VALUE_CHARS = 32 << 20
-# Top-level values other than traceEvents are kept for the caller only when this small.
+# Top-level values other than traceEvents are kept for the caller only when this small, and
+# only while those kept total MAX_META_TOTAL_CHARS (a file of many such keys would add up).
 MAX_META_CHARS = 1 << 20
+MAX_META_TOTAL_CHARS = 4 << 20
 
 
 class TraceFormatError(ValueError):
@@ -76,7 +78,9 @@ class _Buffer:
 
     def __init__(self, stream: IO[bytes]) -> None:
         self._stream = stream
-        self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        # utf-8-sig: a leading BOM is skipped; "replace": invalid UTF-8 in a string (a mangled
+        # name) reads as U+FFFD instead of refusing a trace for one bad byte.
+        self._decoder = codecs.getincrementaldecoder("utf-8-sig")("replace")
         self.text = ""
         self.pos = 0
         self.eof = False
@@ -90,10 +94,7 @@ class _Buffer:
             data = self._stream.read(CHUNK)
         except (OSError, EOFError) as exc:  # gzip: truncated or corrupt stream
             raise TraceFormatError(f"cannot decompress: {exc}") from exc
-        try:
-            chunk = self._decoder.decode(data, final=not data)
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(f"not UTF-8 text near byte {exc.start}") from exc
+        chunk = self._decoder.decode(data, final=not data)
         if not data:
             self.eof = True
         if self.pos > len(self.text) // 2 or self.pos > CHUNK:
@@ -184,6 +185,7 @@ def iter_trace(
         raise TraceFormatError(f"not a JSON object (starts with {first!r})")
     buf.pos += 1
     seen_events = False
+    kept = 0
     if buf.skip_ws() == "}":
         buf.pos += 1
     else:
@@ -199,9 +201,11 @@ def iter_trace(
             else:
                 start = buf.consumed + buf.pos
                 val = buf.value(decode)
-                if buf.consumed + buf.pos - start > MAX_META_CHARS:
+                size = buf.consumed + buf.pos - start
+                if size > MAX_META_CHARS or kept + size > MAX_META_TOTAL_CHARS:
                     counts["meta_skipped"] = counts.get("meta_skipped", 0) + 1
                 elif on_meta is not None:
+                    kept += size
                     on_meta(key, val)
                 del val
             if buf.expect(",}") == "}":

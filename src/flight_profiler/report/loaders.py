@@ -7,7 +7,6 @@ One unreadable file becomes an ``InputResult(ok=False, error=...)``; the others 
 
 from __future__ import annotations
 
-import glob
 import io
 import os
 import pickle
@@ -34,31 +33,37 @@ from flight_profiler.report.safe_pickle import (
     looks_like_pickle,
 )
 from flight_profiler.report.snapshot import SnapshotFormatError, parse_snapshot
+from flight_profiler.report.trace_limits import TraceTooLarge
 from flight_profiler.report.trace_loader import load_trace
 from flight_profiler.report.trace_metrics import trace_metrics
+from flight_profiler.report.walk import walk_inputs
 
 MAX_SNIFF = 64 * 1024
+OWN_OUTPUT = "own-output"  # kind of a diagnose.json / report.json: skipped inside directories
+BOM = b"\xef\xbb\xbf"
 # Bounds on what is read whole (decompressed bytes): a census is a few MB at most; a snapshot
 # pickle of a big job tens of MB. Above them a file is refused, not read until memory runs out.
 MAX_CENSUS_BYTES = 16 << 20
 MAX_PICKLE_BYTES = int(os.environ.get("FP_REPORT_MAX_PICKLE_MB", "128") or 128) << 20
 PICKLE_BASE_BUDGET = 200 << 20
-TRACE_PATTERNS = ("*.pt.trace.json", "*.pt.trace.json.gz", "*.trace.json", "*.trace.json.gz")
 
 
-def expand(paths: list[str]) -> list[str]:
+def expand(paths: list[str], notes: list[InputResult] | None = None,
+           walked: set[str] | None = None) -> list[str]:
     """Files as given; a directory becomes the traces under it (TensorBoard layout:
-    ``plugins/profile/<run>/*.pt.trace.json[.gz]``), plus the pickles and JSON files beside them."""
+    ``plugins/profile/<run>/*.pt.trace.json[.gz]``), plus the pickles and JSON files beside them.
+
+    A walk that stops at one of its caps adds a note (an unread ``InputResult`` naming the cap)
+    to ``notes``; the files found in directories are added to ``walked``."""
     out: list[str] = []
     for p in paths:
         if os.path.isdir(p):
-            found: set[str] = set()
-            for pattern in TRACE_PATTERNS:
-                found.update(glob.glob(os.path.join(p, "**", pattern), recursive=True))
-            # Snapshots and censuses beside them (and any other JSON: detected by content).
-            for pattern in ("*.pickle", "*.pkl", "*.json", "*.json.gz"):
-                found.update(glob.glob(os.path.join(p, "**", pattern), recursive=True))
-            out.extend(sorted(found) if found else [p])
+            found, stopped = walk_inputs(p)
+            out.extend(found if found else [p])
+            if walked is not None:
+                walked.update(found)
+            if stopped and notes is not None:
+                notes.append(InputResult(p, "unknown", False, stopped))
         else:
             out.append(p)
     return _distinct_files(out)
@@ -89,6 +94,11 @@ def _head(path: str) -> tuple[bytes, bool]:
             return fh.read(MAX_SNIFF), gz
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(f"corrupt gzip data: {exc}") from None
+
+
+def _text(data: bytes) -> str:
+    """JSON text: a leading BOM skipped, invalid UTF-8 read as U+FFFD (as in traces)."""
+    return data.decode("utf-8-sig", "replace")
 
 
 def _read_all(path: str, limit: int, what: str) -> bytes:
@@ -148,6 +158,7 @@ def _load(path: str) -> InputResult:
         return InputResult(path, "unknown", False, "the file is empty")
     if looks_like_pickle(head):
         return _load_snapshot(path)
+    head = head[len(BOM):] if head.startswith(BOM) else head
     stripped = head.lstrip()
     if stripped[:1] not in (b"{", b"["):
         # Old pickle protocols have no header: the restricted unpickler is safe to try.
@@ -157,13 +168,18 @@ def _load(path: str) -> InputResult:
         return InputResult(path, "unknown", False,
                            "not a Chrome trace, memory snapshot pickle or tensor census "
                            f"(starts with {head[:16]!r})")
+    if b'"flight_profiler.diagnose"' in head or (b'"schema_version"' in head and b'"tool"' in head
+                                                and b'"flight_profiler"' in head):
+        # diagnose.json, report.json: what diagnose and report write, beside their inputs.
+        return InputResult(path, OWN_OUTPUT, False, "written by flight_profiler diagnose/report, "
+                           "not an input: pass the traces, snapshots and censuses beside it")
     if b'"flight_profiler.census"' in head:
         try:
-            text = _read_all(path, MAX_CENSUS_BYTES, "tensor census").decode("utf-8")
+            text = _text(_read_all(path, MAX_CENSUS_BYTES, "tensor census"))
             # Real censuses (strings and numbers) take a few times their size once parsed.
             with address_space_cap((64 << 20) + 8 * len(text)):
                 data = parse_census(text)
-        except (CensusFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+        except (CensusFormatError, TraceFormatError) as exc:
             return InputResult(path, "census", False, f"bad tensor census: {exc}")
         except MemoryError:
             return InputResult(path, "census", False,
@@ -173,12 +189,14 @@ def _load(path: str) -> InputResult:
         return _load_stacks(path)
     if b'"flight_profiler.grads"' in head:
         try:
-            grads = parse_grads(_read_all(path, MAX_CENSUS_BYTES, "gradient-health document").decode("utf-8"))
-        except (GradsFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+            grads = parse_grads(_text(_read_all(path, MAX_CENSUS_BYTES, "gradient-health document")))
+        except (GradsFormatError, TraceFormatError) as exc:
             return InputResult(path, "grads", False, f"bad gradient-health document: {exc}")
         return InputResult(path, "grads", True, data=grads)
     try:
         raw = load_trace(path)
+    except TraceTooLarge as exc:
+        return InputResult(path, "trace", False, f"a Chrome trace of {exc}")
     except TraceFormatError as exc:
         return InputResult(path, "trace", False, f"bad Chrome trace: {exc}")
     except RecursionError:
@@ -196,17 +214,16 @@ def _load(path: str) -> InputResult:
 
 def _load_stacks(path: str) -> InputResult:
     try:
-        data = parse_stacks(_read_all(path, MAX_CENSUS_BYTES, "rank stacks file").decode("utf-8"))
-    except (StacksFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+        data = parse_stacks(_text(_read_all(path, MAX_CENSUS_BYTES, "rank stacks file")))
+    except (StacksFormatError, TraceFormatError) as exc:
         return InputResult(path, "stacks", False, f"bad rank stacks file: {exc}")
     return InputResult(path, "stacks", True, data=data, rank=data["rank"])
 
 
 def _rank(meta: dict[str, Any]) -> int | None:
-    info = meta.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), (int, float)):
-        return int(info["rank"])
-    return None
+    info = meta.get("distributedInfo")  # checked by clean_meta: an int or absent
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return rank if isinstance(rank, int) else None
 
 
 def _devices(meta: dict[str, Any]) -> list[dict[str, Any]]:

@@ -108,6 +108,12 @@ class InputResult:
     def name(self) -> str:
         return os.path.basename(self.path.rstrip("/")) or self.path
 
+    @property
+    def notes(self) -> list[str]:
+        """What reading left out of a trace's figures (trace_metrics.loader_notes)."""
+        notes = self.data.get("notes") if self.kind == "trace" and self.ok else None
+        return [str(n) for n in notes] if isinstance(notes, list) else []
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": self.path, "kind": self.kind, "ok": self.ok,
                              "error": self.error, "elapsed_s": round(self.elapsed_s, 4)}

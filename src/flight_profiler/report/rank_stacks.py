@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from flight_profiler.report.grads import deeper_than
 from flight_profiler.report.stacks import where_frame
 
 # torch.distributed's Python entry points of collectives (the wait happens inside them).
@@ -210,23 +211,82 @@ def stacks_document(rank: int | None, pid: int, world_size: int | None,
 
 
 def parse_stacks(text: str) -> dict[str, Any]:
+    """A rank stacks file, every field the job rules read checked for its shape: anything else
+    is StacksFormatError naming the field (``samples[2].threads[0].frames[5].line: ...``)."""
     import json
 
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise StacksFormatError(f"invalid JSON at character {exc.pos}: {exc.msg}") from None
+    except RecursionError:
+        raise StacksFormatError("invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer over 4300 digits
+        raise StacksFormatError(f"invalid JSON: {exc}") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise StacksFormatError(f'not a rank stacks file (no "format": "{FORMAT}")')
-    if obj.get("version") != VERSION:
-        raise StacksFormatError(f"unsupported version {obj.get('version')!r} (this reads {VERSION})")
+    if deeper_than(obj, 32):  # real ones nest 7 deep; frames are passed to the report as they are
+        raise StacksFormatError("nested more than 32 deep: not a rank stacks file")
+    version = obj.get("version")
+    if type(version) is not int or version != VERSION:
+        raise StacksFormatError(f"unsupported version {str(version)[:20]!r} (this reads {VERSION})")
     samples = obj.get("samples")
     if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
         raise StacksFormatError('"samples" is not a list of stack results')
-    rank = obj.get("rank")
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
-        raise StacksFormatError('"rank" is not an integer')
+    for k, sample in enumerate(samples):
+        _check_sample(f"samples[{k}]", sample)
+    for key in ("rank", "world_size", "pid"):
+        v = obj.get(key)
+        if v is not None and (type(v) is not int or not 0 <= v < 1 << 32):
+            raise StacksFormatError(f'"{key}" is not an integer >= 0')
     fr = obj.get("flight_recorder")
-    return {"kind": "stacks", "rank": rank, "pid": obj.get("pid"),
+    if isinstance(fr, dict):
+        _check_flight_recorder(fr)
+    return {"kind": "stacks", "rank": obj.get("rank"), "pid": obj.get("pid"),
             "world_size": obj.get("world_size"), "samples": samples,
             "flight_recorder": fr if isinstance(fr, dict) else None}
+
+
+def _int(v: Any) -> bool:
+    return type(v) is int and -(1 << 63) <= v < 1 << 63
+
+
+def _check_sample(where: str, sample: dict[str, Any]) -> None:
+    t = sample.get("time")
+    if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
+                              and abs(t) < 1e15):
+        raise StacksFormatError(f"{where}.time is not a time in seconds")
+    threads = sample.get("threads", [])
+    if not isinstance(threads, list):
+        raise StacksFormatError(f"{where}.threads is not a list")
+    for i, th in enumerate(threads):
+        at = f"{where}.threads[{i}]"
+        if not isinstance(th, dict):
+            raise StacksFormatError(f"{at} is not an object")
+        frames = th.get("frames", [])
+        if not isinstance(frames, list):
+            raise StacksFormatError(f"{at}.frames is not a list")
+        for j, f in enumerate(frames):
+            if not isinstance(f, dict):
+                raise StacksFormatError(f"{at}.frames[{j}] is not an object")
+            line = f.get("line")
+            if line is not None and not _int(line):
+                raise StacksFormatError(f"{at}.frames[{j}].line is not a line number")
+            for key in ("file", "function"):
+                if not isinstance(f.get(key, ""), (str, type(None))):
+                    raise StacksFormatError(f"{at}.frames[{j}].{key} is not a string")
+        progress = th.get("progress")
+        if progress is not None and not isinstance(progress, dict):
+            raise StacksFormatError(f"{at}.progress is not an object")
+
+
+def _check_flight_recorder(fr: dict[str, Any]) -> None:
+    last = fr.get("last_enqueued")
+    if last is not None and not isinstance(last, dict):
+        raise StacksFormatError("flight_recorder.last_enqueued is not an object")
+    entries = fr.get("entries", [])
+    if not isinstance(entries, list):
+        raise StacksFormatError("flight_recorder.entries is not a list")
+    for k, e in enumerate(entries):
+        if isinstance(e, dict) and e.get("seq") is not None and not _int(e.get("seq")):
+            raise StacksFormatError(f"flight_recorder.entries[{k}].seq is not an integer")

@@ -61,6 +61,38 @@ def _list(x: Any) -> list[Any]:
     return x if isinstance(x, list) else []
 
 
+_MAX_BYTES = 1 << 62  # no device holds more; a bigger "size" would overflow every figure
+
+
+def _int(v: Any, what: str, high: int = _MAX_BYTES) -> int:
+    """A count or a byte count of the snapshot (absent: 0); else SnapshotFormatError."""
+    if not v:
+        return 0
+    try:
+        n = int(v)
+    except (TypeError, ValueError, OverflowError):
+        raise SnapshotFormatError(f"{what} is not a number ({type(v).__name__})") from None
+    if not -high <= n < high:
+        raise SnapshotFormatError(f"{what} is out of range (a {n.bit_length()}-bit integer)")
+    return n
+
+
+def _scalar(v: Any) -> Any:
+    """A value passed through to the report as it is: a short string, a bool, a finite number
+    (else None): nothing deep, huge or non-finite rides along into the report."""
+    if isinstance(v, str):
+        return v[:1000]
+    if v is None or isinstance(v, bool) or (type(v) is int and abs(v) < _MAX_BYTES):
+        return v
+    return v if type(v) is float and math.isfinite(v) else None
+
+
+def _flat(d: dict[Any, Any]) -> dict[str, Any]:
+    """Allocator settings: scalars, and lists of them (roundup_power2_divisions)."""
+    return {str(k)[:100]: [_scalar(x) for x in v[:64]] if isinstance(v, (list, tuple)) else _scalar(v)
+            for k, v in list(d.items())[:64]}
+
+
 def _expandable(settings: dict[str, Any]) -> bool | None:
     if "expandable_segments" in settings:
         return bool(settings["expandable_segments"])
@@ -80,7 +112,7 @@ def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
     if not isinstance(obj, dict) or "segments" not in obj or not isinstance(obj["segments"], list):
         raise SnapshotFormatError("a pickle, but not a memory snapshot (no 'segments' list)")
     fp = _dict(obj.get("flight_profiler"))
-    settings = _dict(obj.get("allocator_settings"))
+    settings = _flat(_dict(obj.get("allocator_settings")))
     device_type = str(fp.get("device_type", "cuda"))
     devices: dict[int, dict[str, Any]] = {}
     sites: dict[str, list[int]] = {}
@@ -88,13 +120,13 @@ def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
     for seg in obj["segments"]:
         if not isinstance(seg, dict):
             raise SnapshotFormatError("a segment is not a dict")
-        dev = int(seg.get("device", 0) or 0)
+        dev = _int(seg.get("device"), "a segment's device", 1 << 16)
         d = devices.setdefault(dev, {
             "reserved": 0, "allocated": 0, "active": 0, "requested": 0, "segments": 0,
             "blocks": 0, "inactive_bytes": 0, "inactive_split_blocks": 0,
             "largest_free_block": 0, "expandable_segments_seen": False,
         })
-        total = int(seg.get("total_size", 0) or 0)
+        total = _int(seg.get("total_size"), "a segment's total_size")
         blocks = _list(seg.get("blocks"))
         d["reserved"] += total
         d["segments"] += 1
@@ -107,13 +139,13 @@ def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
         for b in blocks:
             if not isinstance(b, dict):
                 continue
-            size = int(b.get("size", 0) or 0)
+            size = _int(b.get("size"), "a block's size")
             state = str(b.get("state", ""))
             d["blocks"] += 1
             if state == "active_allocated":
                 alloc_here += size
                 req = b.get("requested_size")
-                d["requested"] += int(req) if isinstance(req, int) else size
+                d["requested"] += _int(req, "a block's requested_size") if isinstance(req, int) else size
                 s = sites.setdefault(f"{dev}|{site_of(_frames(b) or _frames(seg))}", [0, 0])
                 s[0] += 1
                 s[1] += size
@@ -126,9 +158,10 @@ def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
                 if len(blocks) > 1:
                     d["inactive_split_blocks"] += 1
         if not blocks:  # no block detail: trust the segment's own counters
-            alloc_here = int(seg.get("allocated_size", 0) or 0)
-            d["active"] += int(seg.get("active_size", alloc_here) or 0)
-            free = total - int(seg.get("active_size", alloc_here) or 0)
+            alloc_here = _int(seg.get("allocated_size"), "a segment's allocated_size")
+            active = _int(seg.get("active_size", alloc_here), "a segment's active_size")
+            d["active"] += active
+            free = total - active
             d["inactive_bytes"] += max(0, free)
             d["largest_free_block"] = max(d["largest_free_block"], free)
             s = sites.setdefault(f"{dev}|{site_of(_frames(seg))}", [0, 0])
@@ -150,9 +183,11 @@ def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
         for ent in entries:
             if not isinstance(ent, dict):
                 continue
-            action = str(ent.get("action", ""))
+            action = str(ent.get("action", ""))[:100]
+            if action not in trace_counts and len(trace_counts) >= 64:
+                action = "(other)"  # torch has about ten actions
             trace_counts[action] = trace_counts.get(action, 0) + 1
-            size = int(ent.get("size", 0) or 0)
+            size = _int(ent.get("size"), "a trace entry's size")
             if action == "alloc":
                 net += size
             elif action == "free_completed":
@@ -161,8 +196,8 @@ def parse_snapshot(data: bytes | IO[bytes], path: str, mtime: float,
             if action == "oom" and len(ooms) < 100:
                 ooms.append({
                     "device": dev, "requested": size,
-                    "device_free": int(ent.get("device_free", 0) or 0),
-                    "time_us": ent.get("time_us"), "stream": ent.get("stream"),
+                    "device_free": _int(ent.get("device_free"), "an oom's device_free"),
+                    "time_us": _scalar(ent.get("time_us")), "stream": _scalar(ent.get("stream")),
                     "where": site_of(ent.get("frames") or []),
                 })
         if running and dev in devices:

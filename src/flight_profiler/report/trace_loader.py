@@ -7,6 +7,12 @@ the steps and the DataLoader spans. A 1 M-event trace keeps a few tens of MB.
 
 Events arrive in batches of typed structs (fastjson, msgspec); a file that path cannot read is
 read again with the stdlib streaming decoder, its dicts turned into the same structs.
+
+What a file may cost is bounded by its events, never by how they nest or what they are named:
+names are interned once (``RawTrace.intern``: cut to 4 KB; cut to 256 characters once the
+distinct names hold 16 M characters; past 131 072 distinct names, the rest share one), every
+table keyed by a name holds the interned one, and a trace is refused past ``max_trace_bytes()``
+of JSON (decompressed) or ``max_events()`` events, with one line that names the limit.
 """
 
 from __future__ import annotations
@@ -19,11 +25,20 @@ import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from itertools import compress
+from typing import IO, Any, Callable
 
 from flight_profiler.report.fastjson import Args, Event, NeedStdlib, iter_batches
 from flight_profiler.report.jsonstream import TraceFormatError, iter_trace, open_text_bytes
 from flight_profiler.report.readahead import ReadAhead
+from flight_profiler.report.trace_limits import (
+    MAX_DEVICES,
+    Capped,
+    TraceTooLarge,
+    clean_meta,
+    max_events,
+    max_trace_bytes,
+)
 
 # HTA's kernel classes (hta/utils/utils.py): communication, memory, computation, other.
 COMPUTE, MEMORY, COMM, OTHER = 0, 1, 2, 3
@@ -51,6 +66,16 @@ def is_model_op(name: str) -> bool:
     return any(k in low for k in MODEL_OPS)
 # Kernel names of heavily templated code reach a few KB; longer is not a name but a payload.
 MAX_NAME_CHARS = 4096
+# Real traces hold a few hundred distinct names (a few thousand Python frames with_stack, ~100 KB
+# of text). Past NAME_BUDGET_CHARS of distinct names new ones are cut shorter, past MAX_NAMES
+# they share one name: a file of unique 4 KB names took 667 MB for a 1.6 MB .gz (issue 19).
+NAME_BUDGET_CHARS = 16 << 20
+SHORT_NAME_CHARS = 256
+MAX_NAMES = 1 << 17
+OTHER_NAMES = f"(other names: more than {MAX_NAMES} distinct)"
+# CPU threads kept per trace (a few tens in real ones, DataLoader workers included); each costs
+# ~1 KB of columns, so a file of one event per thread would cost 10x a real one per event.
+MAX_THREADS = 4096
 _I64 = 1 << 63
 
 
@@ -131,14 +156,35 @@ class RawTrace:
     fwd_key: array[int] = field(default_factory=lambda: array("q"))
     fwd_name: array[int] = field(default_factory=lambda: array("l"))
     bwd_seqs: set[int] = field(default_factory=set)
+    threads_left_out: int = 0  # CPU events of threads past MAX_THREADS, not kept
+    # GPU events at ts 0 with dur 0 (kineto lost their timestamps) while the CPU side runs at
+    # real ones: left out of g_* and memcpy (drop_untimed_gpu), counted here.
+    gpu_untimed: int = 0
+    gpu_events: int = 0  # GPU events read, the untimed ones included
+    g_untimed: array[int] = field(default_factory=lambda: array("q"))  # their g_* indices
+    m_untimed: array[int] = field(default_factory=lambda: array("q"))  # their memcpy indices
+    name_chars: int = 0
 
     def intern(self, name: str) -> int:
+        """The id of ``name`` (cut to MAX_NAME_CHARS), added on first sight within the budget."""
         if len(name) > MAX_NAME_CHARS:
             name = name[:MAX_NAME_CHARS] + "..."
         i = self.name_ids.get(name)
-        if i is None:
-            i = self.name_ids[name] = len(self.names)
-            self.names.append(name)
+        if i is not None:
+            return i
+        if self.name_chars > NAME_BUDGET_CHARS and len(name) > SHORT_NAME_CHARS:
+            name = name[:SHORT_NAME_CHARS] + "..."
+            i = self.name_ids.get(name)
+            if i is not None:
+                return i
+        if len(self.names) >= MAX_NAMES:
+            name = OTHER_NAMES
+            i = self.name_ids.get(name)
+            if i is not None:
+                return i
+        i = self.name_ids[name] = len(self.names)
+        self.names.append(name)
+        self.name_chars += len(name)
         return i
 
 
@@ -159,11 +205,14 @@ def _thread_key(pid: Any, tid: Any) -> int:
 def load_trace(path: str) -> RawTrace:
     """Stream ``path`` (Chrome trace, plain or gzipped) into a :class:`RawTrace`."""
     raw = RawTrace(path)
+    limit = max_trace_bytes()
     with open_text_bytes(path) as stream:
         compressed = not isinstance(stream, io.BufferedReader)
-        with ReadAhead(stream, chunk=2 << 20, depth=4) if compressed else contextlib.nullcontext(stream) as src:
+        capped: IO[bytes] = Capped(stream, limit)  # type: ignore[assignment]
+        with ReadAhead(capped, chunk=2 << 20, depth=4) if compressed else contextlib.nullcontext(capped) as src:
             try:
                 _consume(raw, iter_batches(src, raw.meta.__setitem__))  # type: ignore[arg-type]
+                raw.meta = clean_meta(raw.meta)
                 return raw
             except NeedStdlib:
                 pass  # an unusual layout or a malformed file: the tolerant reader decides
@@ -172,8 +221,10 @@ def load_trace(path: str) -> RawTrace:
     raw = RawTrace(path)
     counts: dict[str, int] = {}
     with open_text_bytes(path) as stream:
-        _consume(raw, _stdlib_batches(iter_trace(stream, raw.meta.__setitem__, counts)))
+        capped = Capped(stream, limit)  # type: ignore[assignment]
+        _consume(raw, _stdlib_batches(iter_trace(capped, raw.meta.__setitem__, counts)))
     raw.events += counts.get("skipped", 0)
+    raw.meta = clean_meta(raw.meta)
     return raw
 
 
@@ -209,14 +260,16 @@ def _stdlib_batches(events: Iterator[dict[str, Any]], size: int = 4096) -> Itera
 
 def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
     """The one pass: each event into the columns it feeds, nothing else kept."""
-    kinds: dict[str, int] = {}
     intern = raw.intern
     threads = raw.threads
     runtime = raw.runtime
     keys: dict[tuple[Any, Any], int] = {}
     name_ids = raw.name_ids
+    names = raw.names
     model_ops: dict[str, bool] = {}
     g_ts, g_end, g_kind, g_corr, g_name = raw.g_ts, raw.g_end, raw.g_kind, raw.g_corr, raw.g_name
+    gpu_kinds: dict[int, int] = {}
+    cap = max_events()
 
     def key_of(pid: Any, tid: Any) -> int:
         try:
@@ -229,6 +282,9 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
 
     for batch in batches:
         raw.events += len(batch)
+        if raw.events > cap:
+            raise TraceTooLarge(f"more than {cap:,} events: not read, to bound time and memory "
+                                "(FP_REPORT_MAX_EVENTS=N raises the limit)")
         for e in batch:
             ph = e.ph
             if ph == "X":
@@ -245,24 +301,31 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                     stream_id = args.stream if args is not None else None
                     if stream_id is None or stream_id == -1:
                         continue
-                    k = kinds.get(name)
+                    i = name_ids.get(name)
+                    if i is None:
+                        i = intern(name)
+                    k = gpu_kinds.get(i)
                     if k is None:
-                        k = kinds[name] = gpu_kind(name)
+                        k = gpu_kinds[i] = gpu_kind(name)
                     corr = _i64(args.correlation) if args is not None else -1
+                    untimed = ts == 0.0 and end == 0.0
+                    if untimed:
+                        raw.g_untimed.append(len(g_ts))
                     g_ts.append(ts)
                     g_end.append(end)
                     g_kind.append(k)
                     g_corr.append(corr)
-                    i = name_ids.get(name)
-                    g_name.append(intern(name) if i is None else i)
+                    g_name.append(i)
                     dev = args.device if args is not None else None
                     if dev is None:
                         dev = e.pid
-                    if type(dev) is int:
+                    if type(dev) is int and len(raw.gpu_devices) < MAX_DEVICES:
                         raw.gpu_devices.add(dev)
                     if cat == "gpu_memcpy" or name.startswith("Memcpy"):
                         nbytes = args.bytes if args is not None else 0
-                        raw.memcpy.append((name, end - ts, max(_i64(nbytes), 0), corr))
+                        if untimed:
+                            raw.m_untimed.append(len(raw.memcpy))
+                        raw.memcpy.append((names[i], end - ts, max(_i64(nbytes), 0), corr))
                     continue
                 if cat == "cuda_runtime" or cat == "cuda_driver":
                     corr = _i64(args.correlation) if args is not None else -1
@@ -271,19 +334,24 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                         raw.rt_corr.append(corr)
                         raw.rt_ts.append(ts)
                         raw.rt_tid.append(key)
-                    agg = runtime.get(name)
+                    i = name_ids.get(name)
+                    iname = names[intern(name) if i is None else i]  # tables hold interned names
+                    agg = runtime.get(iname)
                     if agg is None:
-                        runtime[name] = [1, end - ts]
+                        runtime[iname] = [1, end - ts]
                     else:
                         agg[0] += 1
                         agg[1] += end - ts
                     if name in SYNC_CALLS:
-                        raw.syncs.append((key, ts, end - ts, name))
+                        raw.syncs.append((key, ts, end - ts, iname))
                     continue
                 if cat == "cpu_op" or cat == "python_function" or cat == "user_annotation":
                     key = key_of(e.pid, e.tid)
                     th = threads.get(key)
                     if th is None:
+                        if len(threads) >= MAX_THREADS:
+                            raw.threads_left_out += 1
+                            continue
                         th = threads[key] = ThreadIntervals()
                     tss = th.ts
                     if tss and ts < tss[-1]:
@@ -291,7 +359,9 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                     tss.append(ts)
                     th.end.append(end)
                     i = name_ids.get(name)
-                    th.name.append(intern(name) if i is None else i)
+                    if i is None:
+                        i = intern(name)
+                    th.name.append(i)
                     if cat == "cpu_op":
                         th.ops.append(len(th.kind))
                         th.kind.append(CPU_OP)
@@ -301,17 +371,18 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                                 raw.bwd_seqs.add(_i64(args.seq))
                         elif args is not None and args.seq is not None and not args.fwd_tid:
                             raw.autograd_fwd_ops += 1
-                            raw.autograd_fwd_names[name] = raw.autograd_fwd_names.get(name, 0) + 1
-                            model = model_ops.get(name)
+                            iname = names[i]
+                            raw.autograd_fwd_names[iname] = raw.autograd_fwd_names.get(iname, 0) + 1
+                            model = model_ops.get(iname)
                             if model is None:
-                                model = model_ops[name] = is_model_op(name)
+                                model = model_ops[iname] = is_model_op(iname)
                             if model:
                                 raw.fwd_seq.append(_i64(args.seq))
                                 raw.fwd_ts.append(ts)
                                 raw.fwd_key.append(key)
                                 raw.fwd_name.append(th.name[-1])
                         if name in SCALAR_OPS:
-                            raw.scalar_ops.append((key, ts, end - ts, name))
+                            raw.scalar_ops.append((key, ts, end - ts, names[i]))
                     elif cat == "python_function":
                         th.kind.append(PY_FRAME)
                         if name.endswith("): backward") and _AUTOGRAD_BACKWARD in name:
@@ -324,7 +395,7 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                         elif name.startswith("enumerate(DataLoader)"):
                             raw.dataloader.append((key, ts, end - ts))
                         elif name.startswith(_MARK_PREFIXES):
-                            raw.marks.append((key, ts, end - ts, name))
+                            raw.marks.append((key, ts, end - ts, names[i]))
                     continue
                 if cat == "Trace":
                     raw.trace_window = (ts, end)
@@ -335,6 +406,34 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
         if th.ts:
             raw.span_ts = min(raw.span_ts, min(th.ts))
             raw.span_end = max(raw.span_end, max(th.end))
+    drop_untimed_gpu(raw)
+
+
+def drop_untimed_gpu(raw: RawTrace) -> None:
+    """Leave out the GPU events kineto wrote at ts 0 with dur 0 (it loses kernels', copies' and
+    memsets' timestamps when a profiler session is exported after a newer one started, torch
+    2.11 on an H100): beside CPU events at real timestamps they stretched the GPU span from 0
+    to now (4.67e12 us) and the report said "GPU busy 0.0%". Kept when the CPU side starts at 0
+    or has no events: then 0 may be a real time."""
+    raw.gpu_events = len(raw.g_ts)
+    drop = raw.g_untimed
+    cpu_start = min(raw.span_ts, min(raw.rt_ts, default=math.inf))
+    if not drop or not 0.0 < cpu_start < math.inf:
+        raw.g_untimed = raw.m_untimed = array("q")
+        return
+    keep = bytearray(b"\x01") * len(raw.g_ts)
+    for i in drop:
+        keep[i] = 0
+    for col in ("g_ts", "g_end", "g_kind", "g_corr", "g_name"):
+        old = getattr(raw, col)
+        setattr(raw, col, array(old.typecode, compress(old, keep)))
+    if raw.m_untimed:
+        keep = bytearray(b"\x01") * len(raw.memcpy)
+        for i in raw.m_untimed:
+            keep[i] = 0
+        raw.memcpy = list(compress(raw.memcpy, keep))
+    raw.gpu_untimed = len(drop)
+    raw.g_untimed = raw.m_untimed = array("q")
 
 
 def _memory_sample(raw: RawTrace, e: Event, key_of: Callable[[Any, Any], int]) -> None:
@@ -354,6 +453,8 @@ def _memory_sample(raw: RawTrace, e: Event, key_of: Callable[[Any, Any], int]) -
         return
     series = raw.mem.get(dev)
     if series is None:
+        if len(raw.mem) >= MAX_DEVICES:
+            return  # a real job has a few devices per trace; each kept one is a section
         series = raw.mem[dev] = (array("d"), array("q"), array("q"))
         raw.mem_live[dev] = {}
     series[0].append(ts)

@@ -36,7 +36,14 @@ from flight_profiler.report.stacks import (
 from flight_profiler.report.step_figures import EDGE_US, dataloader_waits, unused_graph_nodes
 from flight_profiler.report.steps import StepModel, find_steps
 from flight_profiler.report.thresholds import T
-from flight_profiler.report.trace_loader import COMM, COMPUTE, MEMORY, SCALAR_OPS, RawTrace
+from flight_profiler.report.trace_loader import (
+    COMM,
+    COMPUTE,
+    MAX_THREADS,
+    MEMORY,
+    SCALAR_OPS,
+    RawTrace,
+)
 
 SERIES_POINTS = 240
 
@@ -252,6 +259,11 @@ def _memory(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, float, flo
 
 def trace_metrics(raw: RawTrace) -> dict[str, Any]:
     m: dict[str, Any] = {"events": raw.events}
+    notes = loader_notes(raw)
+    if notes:
+        m["notes"] = notes
+    if raw.gpu_untimed:
+        m["gpu_events_untimed"] = raw.gpu_untimed
     index = CallerIndex(raw)
     model = find_steps(raw)
     m["step"] = model.to_dict()
@@ -411,6 +423,19 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
                          raw.autograd_fwd_names.items(), key=lambda kv: -kv[1])[:8]],
                      **unused_graph_nodes(raw, index, model)}
     return m
+
+
+def loader_notes(raw: RawTrace) -> list[str]:
+    """What the loader left out of the figures, one line each (the views list them under the
+    input): a figure taken without it must say so."""
+    notes = []
+    if raw.gpu_untimed:
+        notes.append(f"{raw.gpu_untimed:,} of {raw.gpu_events:,} GPU events had no timestamps "
+                     "(ts 0, dur 0) and were left out")
+    if raw.threads_left_out:
+        notes.append(f"{raw.threads_left_out:,} CPU events of threads past the first "
+                     f"{MAX_THREADS:,} were left out")
+    return notes
 
 
 def _inside(items: list[tuple[int, float, float, str]], span: tuple[float, float] | None,
