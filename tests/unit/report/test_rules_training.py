@@ -246,13 +246,13 @@ def test_an_overflowed_gradient_under_a_grad_scaler_is_info():
     assert g.severity == "critical"
 
 
-def test_torch_grads_reads_the_scale_of_a_live_grad_scaler():
+def test_torch_grads_reads_the_scale_of_a_live_grad_scaler(tmp_path):
     net = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     scaler.scale(net(torch.randn(3, 4)).sum()).backward()
     scaler.step(opt)
     scaler.update()
-    result, _ = run_handler("torch grads", {"calls": 2, "interval": 0.05})
+    result, _ = run_handler("torch grads", {"calls": 2, "interval": 0.05, "path": str(tmp_path / "g.json")})
     assert all(m.get("grad_scales") == [1024.0] for m in result["measurements"]), result["measurements"]
     del scaler, opt, net
