@@ -191,6 +191,8 @@ def _measurement(where: str, m: Any, n_models: int) -> None:
             raise _bad(f"{at}.grad_enabled", "true or false", autograd.get("grad_enabled"))
         for key in ("saved_tensors", "saved_bytes", "unpacked"):
             _count(f"{at}.{key}", autograd.get(key))
+    for i, scale in enumerate(_list(f"{where}.grad_scales", m.get("grad_scales"), optional=True) or []):
+        _figure(f"{where}.grad_scales[{i}]", scale)
     carried = m.get("carried")
     if carried is not None:
         for name, c in _dict(f"{where}.carried", carried).items():

@@ -42,7 +42,8 @@ def _first_nonfinite(doc: dict[str, Any], index: int) -> tuple[int, str, str] | 
 
 def _grad_scale(doc: dict[str, Any]) -> float | None:
     """The largest loss scale of an enabled AMP GradScaler seen during the measurements, if any."""
-    scales = [v for m in doc["measurements"] for v in (m.get("grad_scales") or []) if finite(v) and v > 0]
+    read = (num(v) for m in doc["measurements"] for v in (m.get("grad_scales") or []))
+    scales = [v for v in read if v is not None and math.isfinite(v) and v > 0]
     return max(scales) if scales else None
 
 
