@@ -52,6 +52,23 @@ _CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal
                             signal.SIGABRT, signal.SIGTRAP})
 _U64 = (1 << 64) - 1
 
+# Tests only (the aimed kill loop, bench/bench_injector_kills.py): "K" makes the injector stop
+# itself (SIGSTOP) just before its K-th ptrace request or memory write, after saying so on
+# stderr, so that a kill lands exactly between two steps; "list" names every step on stderr.
+_PAUSE_AT = os.environ.get("FLIGHT_PROFILER_TEST_PAUSE_AT", "")
+_steps = [0]
+
+
+def _step(what: str) -> None:
+    if not _PAUSE_AT:
+        return
+    _steps[0] += 1
+    if _PAUSE_AT == "list":
+        os.write(2, f"fp-step {_steps[0]} {what}\n".encode())
+    elif str(_steps[0]) == _PAUSE_AT:
+        os.write(2, f"fp-paused {_steps[0]} {what}\n".encode())
+        os.kill(os.getpid(), signal.SIGSTOP)
+
 
 def supported() -> bool:
     """Whether this machine can use the own injector (the kernel ABI here is x86-64's)."""
@@ -116,6 +133,7 @@ def _lib() -> ctypes.CDLL:
 
 def _ptrace(request: int, pid: int, addr: int | None, data: int | ctypes._CData | None,
             what: str) -> int:
+    _step(what)
     ctypes.set_errno(0)
     if isinstance(data, (ctypes._SimpleCData, ctypes.Structure)):
         data_arg: object = ctypes.addressof(data)
@@ -295,6 +313,7 @@ class Tracee:
 
     def write(self, addr: int, data: bytes) -> None:
         """Write through /proc/PID/mem: it may write pages the target mapped read-only."""
+        _step(f"write {len(data)} bytes at {addr:#x}")
         done = 0
         while done < len(data):
             n = os.pwrite(self._mem_fd, data[done:], addr + done)
