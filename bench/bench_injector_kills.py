@@ -3,10 +3,16 @@
     .venv/bin/python bench/bench_injector_kills.py [--kills 1000] [--pythons 3.9,3.13]
         [--states sleeping,busy,wait] [--modes pause,during,stop,random] [--seed 1] [--json]
         [--src OTHER_CHECKOUT/src]   # the CLI from another checkout (e.g. before a change)
+        [--tracer cli|direct|fork]
+            cli:    the whole CLI (``flight_profiler PID --cmd status``), as a user runs it;
+            direct: a script that runs only the injector, with a bootstrap that does nothing;
+            fork:   the same, in a fork of this process (no interpreter start: on a loaded
+                    machine starting Python dominates a round). The CI test's variant.
 
 Targets (one per Python version and state, reused from kill to kill) check their own results
-nonstop: float sums, a SHA-256 of a buffer, a 1 MB copy (vector code), and how long each sleep
-or timed wait took; they print a heartbeat every 0.1 s and ``WRONG``/``EXC`` on any failure.
+nonstop: float sums, a SHA-256 of a buffer, a 1 MB copy (vector code), how long each sleep or
+timed wait took, their signal mask and sigaltstack; they print a heartbeat every 0.1 s and
+``WRONG``/``EXC`` on any failure.
 Each round starts ``flight_profiler PID --cmd status`` with FLIGHT_PROFILER_TEST_PAUSE_AT=k
 (attach/ptrace.py: the injector stops itself just before its k-th ptrace request or memory
 write) and kills it there:
@@ -15,7 +21,8 @@ write) and kills it there:
   k-1 left it);
 - ``during``: SIGCONT, then SIGKILL 0-2 ms later (lands inside a call running in the target);
 - ``stop``:   SIGCONT, SIGSTOP 0-2 ms later, SIGKILL 50 ms after that;
-- ``random``: no pause; SIGKILL at a random moment 0.05-0.6 s after the CLI started.
+- ``random``: no pause; SIGKILL at a random moment 0.05-0.6 s after the CLI started
+  (0-50 ms after the injector's start with ``--tracer fork|direct``).
 
 After each kill the target must go on: alive, not traced, not stopped, heartbeats advancing,
 no wrong result, nothing on stderr. An agent that came up anyway (the kill landed after the
@@ -47,12 +54,25 @@ from support import PYTHONS, Target, spawn  # noqa: E402
 
 CLI = [sys.executable, "-m", "flight_profiler"]
 CLI_SRC: list[str] = []  # --src: PYTHONPATH for the CLI under test
+TRACER = ["cli"]
+DIRECT = [sys.executable, "-c", "import sys\n"
+          "from flight_profiler.attach import process, ptrace_inject\n"
+          "t = process.inspect(int(sys.argv[1]), check_permissions=False)\n"
+          "ptrace_inject.inject(t, 'pass', 'pass')\n"]
 MODES = ("pause", "during", "stop", "random")
 STATES = ("sleeping", "busy", "wait")
 
 TARGET = r'''
-import hashlib, math, os, sys, threading, time
+import ctypes, faulthandler, hashlib, math, os, signal, sys, threading, time
+faulthandler.enable()  # gives the main thread a sigaltstack, which must stay as it is
 STATE = sys.argv[1]
+libc = ctypes.CDLL(None)
+def altstack():
+    st = (ctypes.c_char * 24)()
+    libc.sigaltstack(None, st)
+    return bytes(st)
+ALTSTACK = altstack()
+MASK = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 DATA = bytes(range(256)) * 4096  # 1 MB
 WANT_SHA = hashlib.sha256(DATA).hexdigest()
 WANT_SUM = math.fsum(math.sin(i * 0.001) * 1.5 for i in range(500))
@@ -66,8 +86,15 @@ def check(n):
     if abs(x - WANT_SUM) > 1e-9:
         say(f"WRONG sum {n} {x!r} {WANT_SUM!r}")
     copy = bytearray(DATA)
-    if copy != DATA or hashlib.sha256(copy).hexdigest() != WANT_SHA:
-        say(f"WRONG bytes {n}")
+    if copy != DATA:
+        bad = next(i for i in range(len(DATA)) if copy[i] != DATA[i])
+        say(f"WRONG copy {n} at {bad}: {bytes(copy[bad:bad + 16]).hex()}")
+    elif hashlib.sha256(copy).hexdigest() != WANT_SHA:
+        say(f"WRONG sha256 {n}")
+    if altstack() != ALTSTACK:
+        say(f"WRONG sigaltstack {n}")
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []) != MASK:
+        say(f"WRONG signal mask {n}")
 say("READY")
 n = 0
 last = 0.0
@@ -170,16 +197,72 @@ def detach_agent(pid: int) -> None:
             time.sleep(0.2)
 
 
-def _run_cli(pid: int, pause: str) -> subprocess.Popen[bytes]:
+class Forked:
+    """The injector in a fork of this process, with the bits of Popen the loop uses."""
+
+    def __init__(self, pid: int, pause: str) -> None:
+        from flight_profiler.attach import process, ptrace_inject, steps
+
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:  # the tracer: dies by our signal, or ends
+            code = 1
+            try:
+                os.dup2(w, 2)
+                steps.PAUSE_AT = pause
+                steps.count[0] = 0
+                target = process.inspect(pid, check_permissions=False)
+                ptrace_inject.inject(target, "pass", "pass")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.pid = child
+        self.stderr = os.fdopen(r, "rb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("injector", timeout)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float) -> tuple[None, bytes]:
+        err = self.stderr.read()
+        self.wait(timeout)
+        return None, err
+
+
+def _run_cli(pid: int, pause: str) -> subprocess.Popen[bytes] | Forked:
+    if TRACER[0] == "fork":
+        return Forked(pid, pause)
     env = dict(os.environ, FLIGHT_PROFILER_TEST_PAUSE_AT=pause)
     if CLI_SRC:
         env["PYTHONPATH"] = CLI_SRC[0]
-    return subprocess.Popen([*CLI, str(pid), "--cmd", "status", "--timeout", "10"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    argv = [*DIRECT, str(pid)] if TRACER[0] == "direct" else [
+        *CLI, str(pid), "--cmd", "status", "--timeout", "10", "-v"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, env=env)
 
 
-def _wait_paused(cli: subprocess.Popen[bytes], timeout: float = 30.0) -> str | None:
+def _wait_paused(cli: subprocess.Popen[bytes] | Forked, timeout: float = 90.0) -> str | None:
     """The 'fp-paused K what' line once the CLI stopped itself, or None if it ended first."""
     assert cli.stderr is not None
     buf = b""
@@ -197,9 +280,14 @@ def _wait_paused(cli: subprocess.Popen[bytes], timeout: float = 30.0) -> str | N
                 return m.group(1).decode()
         elif cli.poll() is not None:
             return None
+    try:
+        wchan = Path(f"/proc/{cli.pid}/wchan").read_text()
+    except OSError:
+        wchan = "?"
     cli.kill()
     cli.wait(30)
-    raise RuntimeError("the CLI neither paused nor ended")
+    raise RuntimeError(f"the CLI neither paused nor ended in {timeout:.0f}s (wchan {wchan}); "
+                       f"its stderr: {buf.decode(errors='replace')[-1500:]}")
 
 
 def count_steps(v: Variant) -> None:
@@ -222,7 +310,7 @@ def one_kill(v: Variant, mode: str, rng: random.Random, res: Result, log: list[s
     where = f"{v.version}/{v.state} step {k}"
     if mode == "random":
         cli = _run_cli(t.pid, "")
-        time.sleep(rng.uniform(0.05, 0.6))
+        time.sleep(rng.uniform(0.05, 0.6) if TRACER[0] == "cli" else rng.uniform(0, 0.05))
         cli.kill()
         where += " (random)"
     else:
@@ -266,7 +354,8 @@ def one_kill(v: Variant, mode: str, rng: random.Random, res: Result, log: list[s
 
 
 def run(kills: int, versions: list[str], states: list[str], modes: list[str], seed: int,
-        progress: bool = False) -> Result:
+        progress: bool = False, tracer: str = "cli") -> Result:
+    TRACER[:] = [tracer]
     rng = random.Random(seed)
     variants = [Variant(ver, st) for ver in versions for st in states]
     res = Result()
@@ -301,14 +390,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--src", help="run the CLI from this src directory instead")
+    parser.add_argument("--tracer", choices=("cli", "direct", "fork"), default="cli")
     args = parser.parse_args()
     if args.src:
         CLI_SRC.append(os.path.abspath(args.src))
     versions = [v for v in args.pythons.split(",") if v in PYTHONS]
     started = time.monotonic()
     res = run(args.kills, versions, args.states.split(","), args.modes.split(","), args.seed,
-              progress=True)
-    out = {"kills": res.kills, "by_mode": res.by_mode, "missed_rounds": res.missed,
+              progress=True, tracer=args.tracer)
+    out = {"tracer": args.tracer, "kills": res.kills, "by_mode": res.by_mode, "missed_rounds": res.missed,
            "deaths": len(res.deaths), "harmed": len(res.harmed),
            "failures": res.deaths + res.harmed, "pythons": versions,
            "seconds": round(time.monotonic() - started, 1)}
