@@ -201,7 +201,7 @@ class Forked:
     """The injector in a fork of this process, with the bits of Popen the loop uses."""
 
     def __init__(self, pid: int, pause: str) -> None:
-        from flight_profiler.attach import process, ptrace_inject, steps
+        from flight_profiler.attach import process, ptrace, ptrace_inject
 
         r, w = os.pipe()
         child = os.fork()
@@ -209,8 +209,12 @@ class Forked:
             code = 1
             try:
                 os.dup2(w, 2)
-                steps.PAUSE_AT = pause
-                steps.count[0] = 0
+                try:
+                    from flight_profiler.attach import steps
+                except ImportError:  # --src of a checkout before attach/steps.py existed
+                    ptrace._PAUSE_AT, ptrace._steps[0] = pause, 0  # type: ignore[attr-defined]
+                else:
+                    steps.PAUSE_AT, steps.count[0] = pause, 0
                 target = process.inspect(pid, check_permissions=False)
                 ptrace_inject.inject(target, "pass", "pass")
                 code = 0

@@ -138,6 +138,8 @@ def signals_held() -> Iterator[None]:
     They are delivered when the block ends, after the target was restored and detached.
     """
     held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL:
+        held.add(signal.SIGCHLD)  # each stop of the tracee is then waited for, not polled
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield
@@ -325,8 +327,7 @@ class Tracee:
         self._restore_exact()
 
     @property
-    def syscall(self) -> int:
-        """The system call the thread was stopped in (>= 0), or -1 when it ran user code."""
+    def syscall(self) -> int:  # the system call the thread was stopped in, -1: user code
         return self.saved.signed("orig_rax")
 
     # -- memory ---------------------------------------------------------------------------------
@@ -469,6 +470,9 @@ class Tracee:
     def _wait(self, deadline: float, what: str) -> int | None:
         """The next stop status, or None when ``deadline`` passed with none."""
         delay = 0.0002
+        # A stop sends us SIGCHLD: with it blocked and nobody's (signals_held), wait for it.
+        sigchld = (signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+                   and signal.SIGCHLD in signal.pthread_sigmask(signal.SIG_BLOCK, []))
         while True:
             try:
                 wpid, status = os.waitpid(self.tid, os.WNOHANG | WALL)
@@ -480,10 +484,14 @@ class Tracee:
                     raise TargetExited(f"process {self.pid} exited while waiting {what}")
                 if os.WIFSTOPPED(status):
                     return status
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left < 0:
                 return None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.005)
+            if sigchld:
+                signal.sigtimedwait([signal.SIGCHLD], min(left, 0.005))
+            else:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.005)
 
 
 def signed(value: int) -> int:

@@ -52,10 +52,16 @@ TABLE_OFF = 0x100
 TEXT_OFF = 0x200
 
 # Table (8-byte slots, at TABLE_OFF): the routines below read only these.
-_ENSURE, _RUN, _RELEASE, _INITIALIZED, _MUNMAP, _BASE, _SIZE, _FOREIGN, _PENDING = range(9)
+(_ENSURE, _RUN, _RELEASE, _INITIALIZED, _MUNMAP, _BASE, _SIZE, _FOREIGN, _PENDING,
+ _SIGPROCMASK) = range(10)
+MASK_OFF = 0x80  # in the table: a sigset_t (128 bytes), the borrowed thread's own signal mask
 
 # void thread_main(table *t): started by PyThread_start_new_thread.
-#   push rbx; mov rbx, rdi; call [rbx+0x18] (Py_IsInitialized); test eax, eax; jz out
+#   push rbx; mov rbx, rdi
+#   mov edi, 2; lea rsi, [rbx+0x80]; xor edx, edx; call [rbx+0x48]
+#     (sigprocmask(SIG_SETMASK, mask, NULL): the new thread inherited the mask the main thread
+#     runs our calls with, all but the fault signals blocked; it takes the main thread's own)
+#   call [rbx+0x18] (Py_IsInitialized); test eax, eax; jz out
 #   call [rbx] (PyGILState_Ensure); push rax; sub rsp, 8
 #   mov rdi, [rbx+0x38]; xor esi, esi; call [rbx+8] (PyRun_SimpleString[Flags](text, NULL))
 #   add rsp, 8; pop rdi; call [rbx+0x10] (PyGILState_Release(state))
@@ -64,7 +70,9 @@ _ENSURE, _RUN, _RELEASE, _INITIALIZED, _MUNMAP, _BASE, _SIZE, _FOREIGN, _PENDING
 #   jmp rax (munmap(base, size) returns straight to our caller, outside the region)
 # The stack is 16-byte aligned at every call (entry rsp = 8 mod 16; push rbx makes it 0).
 THREAD_MAIN = bytes.fromhex(
-    "53" "4889fb" "ff5318" "85c0" "7418"
+    "53" "4889fb"
+    "bf02000000" "488db380000000" "31d2" "ff5348"
+    "ff5318" "85c0" "7418"
     "ff13" "50" "4883ec08"
     "488b7b38" "31f6" "ff5308"
     "4883c408" "5f" "ff5310"
@@ -81,17 +89,18 @@ PENDING_MAIN = bytes.fromhex(
 _PY_FUNCS = ("Py_IsInitialized", "PyGILState_Ensure", "PyGILState_Release", "PyGILState_Check",
              "PyRun_SimpleString", "PyRun_SimpleStringFlags", "PyThread_start_new_thread",
              "Py_AddPendingCall", "_PyEval_AddPendingCall", "PyInterpreterState_Main")
-_C_FUNCS = ("mmap", "munmap", "__errno_location")
+_C_FUNCS = ("mmap", "munmap", "__errno_location", "sigprocmask")
 
 
 def build_region(base: int, funcs: dict[str, int], foreign_text: str,
-                 pending_text: str) -> bytes:
-    """The bytes of the injected region, for a region mapped at ``base``."""
+                 pending_text: str, sigmask: int = 0) -> bytes:
+    """The bytes of the injected region, for a region mapped at ``base``; ``sigmask``: the
+    borrowed thread's own signal mask, which the thread it starts takes."""
     foreign = _cstr(foreign_text)
     pending = _cstr(pending_text)
     size = region_size(foreign_text, pending_text)
     run = funcs.get("PyRun_SimpleString") or funcs["PyRun_SimpleStringFlags"]
-    table = [0] * 9
+    table = [0] * 10
     table[_ENSURE] = funcs["PyGILState_Ensure"]
     table[_RUN] = run
     table[_RELEASE] = funcs["PyGILState_Release"]
@@ -101,10 +110,12 @@ def build_region(base: int, funcs: dict[str, int], foreign_text: str,
     table[_SIZE] = size
     table[_FOREIGN] = base + TEXT_OFF
     table[_PENDING] = base + TEXT_OFF + len(foreign)
+    table[_SIGPROCMASK] = funcs["sigprocmask"]
     region = bytearray(TEXT_OFF)
     region[THREAD_OFF:THREAD_OFF + len(THREAD_MAIN)] = THREAD_MAIN
     region[PENDING_OFF:PENDING_OFF + len(PENDING_MAIN)] = PENDING_MAIN
-    region[TABLE_OFF:TABLE_OFF + 72] = struct.pack("<9Q", *table)
+    region[TABLE_OFF:TABLE_OFF + 80] = struct.pack("<10Q", *table)
+    region[TABLE_OFF + MASK_OFF:TABLE_OFF + MASK_OFF + 8] = struct.pack("<Q", sigmask)
     return bytes(region) + foreign + pending
 
 
@@ -270,7 +281,7 @@ def _borrow(t: ptrace.Tracee, target: TargetInfo, funcs: dict[str, int], size: i
     outcome.values["region"] = f"{region:#x}+{size}"
     outcome.values["stub"] = f"{base:#x}+{STUB_SIZE}"
     t.write(base, sigframe.STUB)
-    t.write(region, build_region(region, funcs, foreign_text, pending_text))
+    t.write(region, build_region(region, funcs, foreign_text, pending_text, t.sigmask))
     t.stub = base
     errno_addr = t.call(funcs["__errno_location"], timeout=timeout)
     saved_errno = t.read(errno_addr, 4)
