@@ -396,6 +396,8 @@ def main() -> None:
     parser.add_argument("--src", help="run the CLI from this src directory instead")
     parser.add_argument("--tracer", choices=("cli", "direct", "fork"), default="cli")
     args = parser.parse_args()
+    # a SIGTERM (timeout, Ctrl-C of a wrapper) ends through run()'s finally: no target is left
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     if args.src:
         CLI_SRC.append(os.path.abspath(args.src))
     versions = [v for v in args.pythons.split(",") if v in PYTHONS]

@@ -215,6 +215,10 @@ def sandbox_verdict(target: TargetInfo, say: Callable[[str], None]) -> seccomp.S
     anything is done to it (the filters are read in a stop of their own)."""
     status = seccomp.parse_status(read_status(target.pid))
     seccomp.check_status(target.pid, status)
+    if status.mode == 2 and ptrace.thread_state(target.pid, target.pid) == "D":
+        raise _attach_error(target.pid, ptrace.PtraceError(
+            "the main thread is in uninterruptible sleep (disk or network file system I/O)",
+            errno.EBUSY))
     probe = seccomp.probe_in_child if seccomp.same_sandbox(target.pid, status) else None
     say(seccomp.check_filters(target.pid, status,
                               lambda: seccomp.read_filters_briefly(target.pid, status.filters),
