@@ -9,6 +9,11 @@
    runner (flight_profiler.attach.multirank) and through the CLI (`PID --all-ranks --cmd stack`).
 2. `report` on 8 per-rank traces of ~100 k events each (synthetic gloo traces shaped like
    torch.profiler's): wall time and peak RSS of a fresh `flight_profiler report DIR --json`.
+3. `--verdicts [N]`: the job verdict on real DDP jobs (tests/integration/job_workloads/
+   ddp_trainer.py, one planted problem per mode), N fresh jobs per mode (3 by default): per run,
+   the job finding above info (rule, severity, rank), the line it names, the exit code, the
+   wall time of `diagnose PID --all-ranks` and whether every rank is alive afterwards.
+   `--method "__main__ train_step"` diagnoses the method's calls instead of a window.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -153,12 +159,82 @@ def report_bench(n_ranks: int = 8) -> dict[str, float]:
         return out
 
 
+# mode -> (ranks, Flight Recorder on, the verdict expected: (rule, rank) or None for healthy)
+VERDICT_JOBS: dict[str, tuple[int, bool, tuple[str, int] | None]] = {
+    "healthy": (2, True, None),
+    "slow_data": (2, True, ("job-straggler", 1)),
+    "slow_compute": (2, False, ("job-straggler", 1)),
+    "sleep": (2, False, ("job-straggler", 1)),
+    "hang": (2, True, ("job-hang", 1)),
+    "skip": (3, True, ("job-desync", 2)),
+}
+
+
+def verdicts(runs: int, modes: list[str], method: str, duration: str) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from torchrun_jobs import DDP_TRAINER, Job  # type: ignore[import-not-found]
+
+    print(f"job verdicts, {runs} fresh job(s) per mode ({'method ' + method if method else 'window'}"
+          f", --duration {duration}):")
+    for mode in modes:
+        n, fr, expected = VERDICT_JOBS[mode]
+        right = 0
+        for run in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                job = Job(DDP_TRAINER, mode, n, Path(tmp), {"TORCH_FR_BUFFER_SIZE": "2000"} if fr else None)
+                try:
+                    job.wait_ready()
+                    time.sleep(1.5)
+                    started = time.perf_counter()
+                    proc = subprocess.run(
+                        [*CLI, "diagnose", str(job.launcher), "--all-ranks", *method.split(),
+                         "--out", str(Path(tmp) / "diag"), "--duration", duration, "--timeout",
+                         "20", "--calls", "5", "--json"], capture_output=True, text=True, timeout=600)
+                    wall = time.perf_counter() - started
+                    time.sleep(0.5)
+                    dead = job.dead_ranks()
+                finally:
+                    job.stop()
+                kept = Path(tempfile.mkdtemp(prefix=f"bench-verdict-{mode}-"))
+                if (Path(tmp) / "diag").is_dir():
+                    shutil.copytree(Path(tmp) / "diag", kept / "diag", dirs_exist_ok=True)
+            try:
+                doc = json.loads(proc.stdout)
+            except json.JSONDecodeError:
+                print(f"  {mode:<13} run {run + 1}: no document (exit {proc.returncode}): {proc.stderr[-300:]}")
+                continue
+            found = [f for f in doc["findings"] if f["rule"].startswith("job-") and f["severity"] != "info"]
+            got = [(f["rule"], f["ranks"][0] if f.get("ranks") else None) for f in found]
+            ok = (got == [] if expected is None else got == [expected]) and not dead
+            right += ok
+            named = "-"
+            if found:
+                f = found[0]
+                named = (f.get("metrics") or {}).get("line") or (f.get("where") or ["-"])[0]
+            info = [f["title"][:60] for f in doc["findings"] if f["rule"].startswith("job-") and f["severity"] == "info"]
+            if ok:
+                shutil.rmtree(kept, ignore_errors=True)
+            print(f"  {mode:<13} run {run + 1}: {'right' if ok else 'WRONG (kept: ' + str(kept) + ')'} "
+                  f"{[f'{r} {f_sev} rank {k}' for (r, k), f_sev in zip(got, [x['severity'] for x in found])]} "
+                  f"line {named!r}; exit {doc['exit_code']} ({len(doc.get('missing') or [])} gaps); "
+                  f"{wall:.1f} s; dead ranks {dead}" + (f"; info: {info}" if info else ""), flush=True)
+        print(f"  {mode:<13} right in {right} of {runs}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--verdicts", type=int, nargs="?", const=3, default=0,
+                    help="only the job verdicts on DDP jobs, this many fresh jobs per mode")
+    ap.add_argument("--modes", default=",".join(VERDICT_JOBS))
+    ap.add_argument("--method", default="", help='e.g. "__main__ train_step" (default: a window)')
+    ap.add_argument("--duration", default="1.5")
     args = ap.parse_args()
+    if args.verdicts:
+        verdicts(args.verdicts, args.modes.split(","), args.method, args.duration)
+        return
     if not args.skip_latency:
         lat = latency(args.ranks, args.runs)
         n = args.ranks

@@ -2,16 +2,25 @@
 
     python bench/bench_watch.py            # in-process agent: handler thread + the same hooks
     python bench/bench_watch.py --attach   # also through a real attached agent (a target child)
+    python bench/bench_watch.py --pythons all --before main   # a table: every installed CPython,
+                                           # the code of git revision `main` against this checkout
 
 Each scenario alternates its baseline and instrumented runs several times and compares the best
 (minimum) times, so a burst of noise from other processes cannot masquerade as overhead. Time is
 the PROCESS's CPU time (time.process_time): what the target pays, the agent's own threads (the
 handler that renders and sends events) included, and immune to other processes on the machine.
+``--before REV`` runs the same scenarios, in their own processes, on the agent of git revision
+REV (``git archive`` of its src/ into a temporary directory): each figure is still a ratio taken
+in one run, so before and after compare even on a loaded machine.
 
 Scenarios (the peer's figures, measured on this kind of machine, in shared/design/peers.md):
   filtered      `work` (~1 us) watched with a filter on its arguments that never matches:
-                decided on entry, the call then runs untimed                   (peer 7-10x)
+                decided on entry, written into the wrapper itself        (peer 7-10x)
+  filtered-call the same with a filter that calls something (`abs(params[0]) < 0`): it runs
+                as a callback (and under the depth guard), as several hooks on one function do
   filtered-cost the same with a filter on `cost` (decided on exit: every call is timed)
+  step-filtered `step_small`, a method making 50 calls of `work`, while `work` is watched with
+                a never-matching filter: the issue's measurement, as the step's ratio
   reported      `work` watched, no filter: every call matches. A flood: the agent sends what
                 the stream carries and counts the rest as dropped; measured in that steady
                 state (queue full)                                             (peer ~30x)
@@ -28,19 +37,33 @@ Scenarios (the peer's figures, measured on this kind of machine, in shared/desig
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "src"))
 
-from flight_profiler.agent import registry  # noqa: E402
+
+def _src_dir() -> str:
+    """--src DIR picks the flight_profiler to measure (before anything imports it)."""
+    if "--src" in sys.argv:
+        return os.path.abspath(sys.argv[sys.argv.index("--src") + 1])
+    return os.path.join(ROOT, "src")
+
+
+SRC = _src_dir()
+sys.path.insert(0, SRC)
+
+from flight_profiler.agent import protocol, registry  # noqa: E402
 from flight_profiler.agent.commands import trace as trace_mod  # noqa: E402
 from flight_profiler.agent.commands import watch as watch_mod  # noqa: E402
+from flight_profiler.agent.outbox import Outbox  # noqa: E402
 from flight_profiler.agent.registry import Context  # noqa: E402
 
 QUEUE_MAX = watch_mod.QUEUE_MAX
@@ -102,24 +125,39 @@ def loop_step_small(n: int) -> float:
 
 
 class InProcessAgent:
-    """A handler thread running one command, emitting JSON to /dev/null like a socket would."""
+    """A handler thread running one command; its events go through the agent's own outbox (the
+    sender thread, encoding, batched writes) into /dev/null, as they would into a socket."""
 
     def __init__(self, cmd: str, args: dict[str, Any], unbounded: bool = False,
                  saturate: bool = False) -> None:
         self.unbounded = unbounded
         self.saturate = saturate
-        self.sink = open(os.devnull, "w")  # noqa: SIM115
+        self.sink = os.open(os.devnull, os.O_WRONLY)
         self.events = 0
+        try:
+            self.outbox = Outbox(self._send, 1, "bench-events", limit=10**9,
+                                 encode=protocol.encode, send_bytes=self._write)
+        except TypeError:  # an agent from before batched writes: one write per event
+            self.outbox = Outbox(self._send, 1, "bench-events", limit=10**9)
         self.ctx = Context(args, emit=self._emit)
         self.result: dict[str, Any] = {}
         self.thread = threading.Thread(target=self._run, args=(cmd,), daemon=True)
 
     def _emit(self, data: dict[str, Any]) -> None:
-        self.sink.write(json.dumps(data) + "\n")
         self.events += 1
+        self.outbox.emit(data)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._write(protocol.encode(message))
+
+    def _write(self, data: bytes) -> None:
+        os.write(self.sink, data)
 
     def _run(self, cmd: str) -> None:
-        self.result = registry.run(self.ctx, cmd)
+        try:
+            self.result = registry.run(self.ctx, cmd)
+        finally:
+            self.outbox.flush()
 
     def __enter__(self) -> InProcessAgent:
         if self.unbounded:
@@ -131,7 +169,7 @@ class InProcessAgent:
     def __exit__(self, *exc: object) -> None:
         self.ctx.cancel()
         self.thread.join(60)
-        self.sink.close()
+        os.close(self.sink)
         watch_mod.QUEUE_MAX = trace_mod.QUEUE_MAX = QUEUE_MAX
 
 
@@ -232,7 +270,7 @@ def attached(rounds: int) -> dict[str, Any]:
     from flight_profiler.api import connect
 
     bench_dir = os.path.dirname(os.path.abspath(__file__))
-    code = CHILD.format(src=os.path.join(ROOT, "src"), bench=bench_dir)
+    code = CHILD.format(src=SRC, bench=bench_dir)
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     lines = child.stdout
@@ -282,21 +320,92 @@ def attached(rounds: int) -> dict[str, Any]:
     return figures
 
 
+def interpreters(wanted: str) -> dict[str, str]:
+    """Installed CPythons by major.minor: ``all`` or a comma list (``3.9,3.12``)."""
+    found: dict[str, str] = {}
+    for minor in range(9, 15):
+        version = f"3.{minor}"
+        hits = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+        if hits:
+            found[version] = hits[-1]
+    if wanted != "all":
+        found = {v: p for v, p in found.items() if v in wanted.split(",")}
+    return found
+
+
+def export_revision(rev: str, into: str) -> str:
+    """src/ of git revision ``rev``, unpacked under ``into``; returns its path."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "src"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return os.path.join(into, "src")
+
+
+def table(opts: argparse.Namespace) -> None:
+    """Every scenario's ratio per interpreter, before (``--before``) and after, each a ratio
+    measured in its own run of this script."""
+    pythons = interpreters(opts.pythons)
+    trees = {"after": SRC}
+    with tempfile.TemporaryDirectory(prefix="bench-watch-") as tmp:
+        if opts.before:
+            trees = {"before": export_revision(opts.before, tmp), "after": SRC}
+        runs: dict[tuple[str, str], dict[str, Any]] = {}
+        for _ in range(opts.repeat):  # before and after alternate: load hits both alike
+            for version, python in pythons.items():
+                for label, src in trees.items():
+                    cmd = [python, os.path.abspath(__file__), "--json", "--src", src,
+                           "--rounds", str(opts.rounds)] + (["--only", opts.only] if opts.only else [])
+                    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                    figures = json.loads(out)
+                    best = runs.setdefault((version, label), figures)
+                    for name, figure in figures.items():
+                        if isinstance(figure, dict) and "ratio" in figure:
+                            best[name] = min(best[name], figure, key=lambda f: f["ratio"])
+    names = [n for n in next(iter(runs.values())) if n not in ("python", "observer")]
+    columns = [(v, label) for v in pythons for label in trees]
+    if opts.json:
+        print(json.dumps({f"{v} {label}": runs[(v, label)] for v, label in columns}, indent=1))
+        return
+    what = f"before = {opts.before}, after = this checkout" if opts.before else "this checkout"
+    print(f"ratios, best of {opts.rounds} alternating rounds per figure, best of {opts.repeat} "
+          f"runs ({what})")
+    print(f"  {'':14s}" + "".join(f"{v + (' ' + label if opts.before else ''):>14s}" for v, label in columns))
+    for name in names:
+        print(f"  {name:14s}" + "".join(f"{runs[c][name]['ratio']:13.2f}x" for c in columns))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--attach", action="store_true",
                         help="also measure through a real agent attached to a child process")
+    parser.add_argument("--only", default="", help="comma list of the scenarios to run")
+    parser.add_argument("--src", default=SRC, help="the flight_profiler source tree to measure")
+    parser.add_argument("--pythons", default="",
+                        help="run under these installed CPythons (all, or 3.9,3.12,...) and print a table")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="with --pythons/--before: runs per figure, alternating, best kept")
+    parser.add_argument("--before", default="",
+                        help="also measure git revision BEFORE's agent, side by side (with --pythons; "
+                             "default: the running interpreter)")
     opts = parser.parse_args()
+    if opts.pythons or opts.before:
+        opts.pythons = opts.pythons or f"{sys.version_info[0]}.{sys.version_info[1]}"
+        table(opts)
+        return
     sys.modules.setdefault(__name__, sys.modules["__main__"])
     n_work, n_step, n_small = 20_000, 2_000, 100
     step = target("step", "Model")
     scenarios = {
         "filtered": (loop_work, n_work, lambda: InProcessAgent(
             "watch", {"target": target("work"), "filter": "params[0] < 0"})),
+        "filtered-call": (loop_work, n_work, lambda: InProcessAgent(
+            "watch", {"target": target("work"), "filter": "abs(params[0]) < 0"})),
         "filtered-cost": (loop_work, n_work, lambda: InProcessAgent(
             "watch", {"target": target("work"), "filter": "cost > 1e6"})),
+        "step-filtered": (loop_step_small, n_small * 4, lambda: InProcessAgent(
+            "watch", {"target": target("work"), "filter": "params[0] < 0"})),
         "reported": (loop_work, n_work, lambda: InProcessAgent(
             "watch", {"target": target("work")}, saturate=True)),
         "reported-all": (loop_work, n_work // 4, lambda: InProcessAgent(
@@ -307,6 +416,8 @@ def main() -> None:
             "trace", {"target": target("step_small", "Model")}, unbounded=True)),
         "elsewhere": (loop_work, n_work, lambda: InProcessAgent("watch", {"target": target("other")})),
     }
+    if opts.only:
+        scenarios = {n: v for n, v in scenarios.items() if n in opts.only.split(",")}
     figures: dict[str, Any] = {"python": sys.version.split()[0]}
     for name, (loop, n, agent) in scenarios.items():
         base, inst, result = measure(loop, n, agent, opts.rounds)
@@ -315,13 +426,13 @@ def main() -> None:
             "ratio": round(inst / base, 2),
             "calls": result.get("calls"), "events": result.get("events"), "dropped": result.get("dropped"),
         }
-    figures["observer"] = hook_vs_monitoring(opts.rounds, n_work)
+    figures["observer"] = hook_vs_monitoring(opts.rounds, n_work) if not opts.only else {}
     if opts.attach:
         figures["attached"] = attached(opts.rounds)
     if opts.json:
         print(json.dumps(figures, indent=1))
         return
-    print(f"Python {figures['python']}, best of {opts.rounds} alternating rounds")
+    print(f"Python {figures['python']}, best of {opts.rounds} alternating rounds ({SRC})")
     for name in scenarios:
         f = figures[name]
         print(f"  {name:13s} {f['baseline_us']:8.3f} us -> {f['instrumented_us']:8.3f} us per call"

@@ -21,12 +21,14 @@ injects only when none does. Leaving the ``with`` block closes the connection; t
 from __future__ import annotations
 
 import collections
+import math
 import os
 import sys
 import time
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any, Callable
 
+from flight_profiler import answers
 from flight_profiler.agent import protocol
 from flight_profiler.attach.agent_dir import AgentDir
 from flight_profiler.client import (
@@ -44,7 +46,8 @@ from flight_profiler.errors import (
     AttachTimeout,
     FlightProfilerError,
 )
-from flight_profiler.requests import AgentRequest
+from flight_profiler.requests import AgentRequest, deadlines
+from flight_profiler.safe_text import safe_text
 
 if TYPE_CHECKING:
     from flight_profiler.attach.inject import Injection
@@ -79,17 +82,42 @@ class Session:
         """Run ``request`` (from a builder of :mod:`flight_profiler.requests`, or ``parse``) and
         return its result data, calling ``on_event`` per streamed event.
 
-        At ``timeout`` seconds the request is cancelled (the agent removes its hooks) and
-        :class:`RequestTimeout` carries the partial result; Ctrl-C cancels it the same way and
-        raises :class:`RequestInterrupted` (a KeyboardInterrupt) with the final result. A lost
-        connection, or a detach, closes the session.
+        ``timeout``: seconds (wall clock) before the request is cancelled; None: its own time
+        limit plus a margin (:mod:`flight_profiler.requests.deadlines`; a stream with no limit
+        of its own then runs until stopped); ``math.inf``: no deadline. At the deadline the
+        request is cancelled (the agent removes its hooks) and :class:`RequestTimeout` carries
+        the partial result; Ctrl-C cancels it the same way and raises
+        :class:`RequestInterrupted` (a KeyboardInterrupt) with the final result. Every event
+        and result is checked against the handler's answer shape first (:mod:`answers`): a
+        malformed one raises :class:`errors.BadAnswer`. A lost connection, or a detach, closes
+        the session.
         """
         client = self._client()
+        if timeout is None:
+            timeout = deadlines.deadline(request)
+        elif math.isinf(timeout):
+            timeout = None
+        cmd = request.cmd
+
+        def checked(data: dict[str, Any]) -> None:
+            answers.check_event(cmd, data)
+            if on_event is not None:
+                on_event(data)
+
         try:
-            result = client.execute(request.cmd, request.args, on_event, timeout, on_cancel, grace)
-        except (FlightProfilerError, RequestInterrupted) as exc:
-            if request.cmd == "detach" or isinstance(exc, AgentLost) or (
-                    isinstance(exc, RequestTimeout) and exc.dropped):
+            try:
+                result = client.execute(cmd, request.args, checked, timeout, on_cancel, grace)
+            except RequestTimeout as exc:
+                if exc.partial is not None:
+                    answers.check_result(cmd, exc.partial)
+                raise
+            except RequestInterrupted as exc:
+                if exc.result is not None:
+                    answers.check_result(cmd, exc.result)
+                raise
+            answers.check_result(cmd, result)
+        except (FlightProfilerError, RequestInterrupted):
+            if request.cmd == "detach" or client.closed:
                 self.close()
             raise
         if request.cmd == "detach":
@@ -125,14 +153,19 @@ class Session:
         try:
             for kind, data in client.messages(req_id):
                 if kind == "event":
+                    answers.check_event(cmd, data)
                     yield data
                 else:
+                    answers.check_result(cmd, data)
                     self.last_result = data
                     finished = True
                     return
         finally:
-            if not finished:
-                self.last_result, _ = client.cancel_and_drain(req_id)
+            if not finished and not client.closed:
+                last, _ = client.cancel_and_drain(req_id)
+                self.last_result = last if last is None or _valid_result(cmd, last) else None
+            if client.closed:
+                self.close()
 
     def detach(self) -> dict[str, Any]:
         """Remove every hook, stop the agent and close the connection."""
@@ -157,7 +190,8 @@ def _say_nothing(_: str) -> None:
 
 
 def _stderr_say(text: str) -> None:
-    sys.stderr.write(f"[attach] {text}\n")
+    # what it says may quote the target (its agent log's last line, a hello's fields)
+    sys.stderr.write(f"[attach] {safe_text(text)}\n")
     sys.stderr.flush()
 
 
@@ -172,9 +206,9 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
     say = say or (_stderr_say if verbose else _say_nothing)
     started = time.monotonic()
     target = process.inspect(pid, check_permissions=False)
-    if os.geteuid() not in (0, target.uid):
+    if os.geteuid() not in (0, target.home):
         process.check_permissions(pid)  # names the uid, before the directory refuses us
-    with AgentDir.open(target.uid, target.root) as directory:
+    with AgentDir.open(target.home, target.root) as directory:
         where = _Where(target, directory)
         try:
             client = where.connect(timeout)
@@ -198,7 +232,7 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
         with directory.lock(lock, time.monotonic() + timeout, f"process {pid}"):
             from flight_profiler.attach import cleanup  # only on the way to an injection
 
-            for name in cleanup.sweep(directory):
+            for name in cleanup.sweep(directory, where.sock):
                 say(f"removed {name} (left by a process that has exited)")
             # another CLI may have attached while we waited for the lock
             try:
@@ -210,6 +244,14 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
                 pass
             process.check_injectable(pid)
             return _inject_and_connect(target, where, timeout, method, say, started)
+
+
+def _valid_result(cmd: str, data: dict[str, Any]) -> bool:
+    try:
+        answers.check_result(cmd, data)
+    except FlightProfilerError:
+        return False
+    return True
 
 
 class NotAttached(AttachFailed):
@@ -229,8 +271,9 @@ class _Where:
 
     def connect(self, timeout: float) -> AgentClient:
         t = self.target
+        # the listener carries the effective uid the job had when it bound: any of its uids
         return AgentClient.connect(self.directory.via_fd(self.sock), t.ns_pid, t.start_time,
-                                   timeout=timeout, peer=(t.pid, t.uid))
+                                   timeout=timeout, peer=(t.pid, *(t.uids or (t.uid,))))
 
     def log_size(self) -> int:
         return self.directory.size(self.log)

@@ -8,20 +8,30 @@ import itertools
 import os
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
 
 from flight_profiler import __version__
 from flight_profiler.agent import limits, protocol
+from flight_profiler.client_frames import (
+    LIMITS,
+    AnswerLimits,
+    DeadlineReached,
+    FrameReader,
+    FrameTimeout,
+    FrameTooLarge,
+)
 from flight_profiler.errors import (
     AgentLost,
+    AgentTimeout,
     AttachFailed,
     FlightProfilerError,
     UsageError,
     from_remote,
+    malformed,
 )
+from flight_profiler.safe_text import safe_text
 
 EventHandler = Callable[[dict[str, Any]], None]
 
@@ -52,7 +62,7 @@ class RequestInterrupted(KeyboardInterrupt):
         self.error = error
 
 
-class RequestTimeout(FlightProfilerError):
+class RequestTimeout(AgentTimeout):
     """The request was cancelled at its deadline; ``partial`` is what the agent sent back then
     (None if it did not answer; ``dropped``: the connection was closed to make it stop)."""
 
@@ -60,29 +70,35 @@ class RequestTimeout(FlightProfilerError):
 
     def __init__(self, message: str, partial: dict[str, Any] | None = None, events: int = 0,
                  dropped: bool = False) -> None:
-        super().__init__(message, "give it more time, or check that the method is being called")
+        super().__init__(message)  # AgentTimeout's hint: a GIL-holding target, or not an agent
         self.partial = partial
         self.events = events
         self.dropped = dropped
 
 
 class AgentClient:
-    def __init__(self, sock: socket.socket, hello: dict[str, Any], path: str) -> None:
+    def __init__(self, sock: socket.socket, hello: dict[str, Any], path: str,
+                 reader: FrameReader | None = None) -> None:
         self.sock = sock
         self.hello = hello
         self.path = path
         self._ids = itertools.count(1)
+        self._reader = reader or FrameReader(sock)
+        self.closed = False
 
     @classmethod
     def connect(cls, path: str, pid: int, start_time: int, timeout: float = 5.0,
-                peer: tuple[int, int] | None = None) -> AgentClient:
-        """Connect and handshake; raise NoAgent if no live agent of THIS process answers.
+                peer: tuple[int, ...] | None = None,
+                limits: AnswerLimits = LIMITS) -> AgentClient:
+        """Connect and handshake within ``timeout`` seconds in all; raise NoAgent if no live
+        agent of THIS process answers, AgentBusy if it accepts but does not say hello in time.
 
         A socket file whose agent is gone (ECONNREFUSED), or whose hello names another process
         (a reused pid), is stale: it is removed so the next attach starts clean. ``peer``:
-        (pid as we see it, uid) the listening process must have (SO_PEERCRED, checked before
+        (pid as we see it, *uids) the listening process must have (SO_PEERCRED, checked before
         a byte is sent: whoever could plant a socket there learns nothing).
         """
+        deadline = time.monotonic() + timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
@@ -90,6 +106,10 @@ class AgentClient:
         except FileNotFoundError:
             sock.close()
             raise NoAgent("no agent socket") from None
+        except socket.timeout:
+            sock.close()  # a listener whose backlog is full and that never accepts
+            raise AgentBusy(f"the agent's socket did not accept a connection within "
+                            f"{timeout:.1f}s") from None
         except OSError as exc:
             sock.close()
             if exc.errno in (errno.ECONNREFUSED, errno.ENOTSOCK):
@@ -103,21 +123,32 @@ class AgentClient:
             raise NoAgent(f"cannot connect: {exc}") from None
         if peer is not None:
             peer_pid, peer_uid = _peer_of(sock)
-            if peer_pid != peer[0] or peer_uid not in (peer[1], 0):
+            if peer_pid != peer[0] or peer_uid not in (*peer[1:], 0):
                 sock.close()
                 raise NoAgent(f"the socket is served by process {peer_pid} (uid {peer_uid}), "
                               f"not by process {peer[0]}")
+        reader = FrameReader(sock, limits)
         try:
             protocol.send(sock, {"type": "hello", "protocol": protocol.PROTOCOL_VERSION,
                                  "client": f"flight_profiler {__version__}"})
-            hello = protocol.recv(sock)
-        except socket.timeout:
+            # the whole handshake within the deadline: one byte a second does not hold us
+            hello = reader.read(deadline, cap=limits.other_bytes)
+        except (socket.timeout, DeadlineReached, FrameTimeout):
             sock.close()
             raise AgentBusy(f"the agent accepted the connection but did not answer within "
                             f"{timeout:.1f}s") from None
-        except (OSError, protocol.ProtocolError) as exc:
+        except (OSError, protocol.ProtocolError, FlightProfilerError) as exc:
             sock.close()
             raise NoAgent(f"agent did not complete the handshake: {exc}") from None
+        if hello is not None and hello.get("type") == "error":
+            # an agent that serves but refused this connection (too many open, no thread to
+            # spare): injecting again would not help, its reason is the message
+            sock.close()
+            error = hello.get("error")
+            if not isinstance(error, dict):
+                error = {}
+            raise AttachFailed(f"the agent refused the connection: {error.get('message', '?')}",
+                               str(error.get("hint") or "retry in a moment"))
         if hello is None or hello.get("type") != "hello":
             sock.close()
             raise NoAgent("agent closed the connection during the handshake")
@@ -128,16 +159,16 @@ class AgentClient:
             raise NoAgent("the agent at this socket belongs to another process with the same pid")
         if hello.get("pid") != pid:
             sock.close()
-            raise NoAgent(f"agent reports pid {hello.get('pid')}, expected {pid}")
+            raise NoAgent(f"agent reports pid {safe_text(hello.get('pid'), 40)}, expected {pid}")
         if hello.get("protocol") != protocol.PROTOCOL_VERSION:
             sock.close()
             raise AttachFailed(
-                f"the agent in the target speaks protocol {hello.get('protocol')}, this CLI "
-                f"speaks {protocol.PROTOCOL_VERSION}",
+                f"the agent in the target speaks protocol {safe_text(hello.get('protocol'), 40)}, "
+                f"this CLI speaks {protocol.PROTOCOL_VERSION}",
                 "detach it with the flight_profiler version that attached it, then retry",
             )
         sock.settimeout(None)
-        return cls(sock, hello, path)
+        return cls(sock, hello, path, reader)
 
     # -- requests --------------------------------------------------------------------------------
     def request(self, cmd: str, args: dict[str, Any] | None = None,
@@ -151,53 +182,54 @@ class AgentClient:
                 grace: float = CANCEL_GRACE) -> dict[str, Any]:
         """Run one request to its end: every way of running one goes through here.
 
-        ``timeout``: at that many seconds a ``cancel`` is sent (the agent removes the request's
-        hooks and answers with what it has: :class:`RequestTimeout` carries it); if no answer
-        comes within ``grace`` more, the connection is closed, which the agent treats as a
-        cancel too. Ctrl-C sends ``cancel``, calls ``on_cancel``, waits up to ``grace`` for the
-        final result and raises :class:`RequestInterrupted` with it.
+        ``timeout``: at that many seconds (wall clock, from now) a ``cancel`` is sent (the agent
+        removes the request's hooks and answers with what it has: :class:`RequestTimeout`
+        carries it); if no answer comes within ``grace`` more, the connection is closed, which
+        the agent treats as a cancel too. Ctrl-C sends ``cancel``, calls ``on_cancel``, waits up
+        to ``grace`` for the final result and raises :class:`RequestInterrupted` with it. Each
+        frame must also arrive whole within the reader's ``frame_seconds``.
         """
         req_id = self.start(cmd, args)
-        fired = threading.Event()
-        events = 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        events = [0]
 
-        def counted(data: dict[str, Any]) -> None:
-            nonlocal events
-            events += 1
+        def deliver(data: dict[str, Any]) -> None:
+            events[0] += 1
             if on_event is not None:
-                on_event(data)
+                try:
+                    on_event(data)
+                except FlightProfilerError:
+                    # the caller refused an event (malformed): stop the request, then say why
+                    self.cancel_and_drain(req_id, grace)
+                    raise
 
-        def cancel_at_deadline() -> None:
-            fired.set()
-            self.cancel(req_id)
-
-        timers: list[threading.Timer] = []
-        if timeout is not None:
-            # close(): the agent did not answer the cancel; a disconnect cancels the request
-            timers = [threading.Timer(timeout, cancel_at_deadline),
-                      threading.Timer(timeout + grace, self.close)]
-            for timer in timers:
-                timer.daemon = True
-                timer.start()
         try:
-            result = self._read_until_done(req_id, counted, None)
+            while True:
+                try:
+                    kind, data = self._next(req_id, deadline)
+                except DeadlineReached:
+                    assert timeout is not None
+                    raise self._stop_at_deadline(req_id, timeout, grace, deliver, events) from None
+                if kind == "result":
+                    return data
+                deliver(data)
         except KeyboardInterrupt:
-            for timer in timers:
-                timer.cancel()
             raise RequestInterrupted(*self.cancel_and_drain(req_id, grace, on_cancel)) from None
-        except FlightProfilerError as exc:
-            if fired.is_set():
-                dropped = isinstance(exc, AgentLost)
-                raise RequestTimeout(f"no answer within {timeout:g}s"
-                                     + (" (connection dropped)" if dropped else ""),
-                                     None, events, dropped) from None
-            raise
-        finally:
-            for timer in timers:
-                timer.cancel()
-        if fired.is_set():
-            raise RequestTimeout(f"cancelled after {timeout:g}s", result, events)
-        return result
+
+    def _stop_at_deadline(self, req_id: int, timeout: float, grace: float,
+                          deliver: EventHandler, events: list[int]) -> RequestTimeout:
+        """The request's time is up: cancel it, and wait ``grace`` for its final answer (the
+        events still on their way are delivered and counted as before)."""
+        self.cancel(req_id)
+        try:
+            result = self._read_until_done(req_id, deliver, grace)
+        except FlightProfilerError:
+            if not self.closed:  # it answered the cancel with an error: the connection is fine
+                return RequestTimeout(f"cancelled after {timeout:g}s", None, events[0])
+            # no answer to the cancel: the connection was closed, which cancels it too
+            return RequestTimeout(f"no answer within {timeout:g}s (connection dropped)",
+                                  None, events[0], True)
+        return RequestTimeout(f"cancelled after {timeout:g}s", result, events[0])
 
     def start(self, cmd: str, args: dict[str, Any] | None = None) -> int:
         """Send a request (refused here, before the target sees it, if beyond the agent's
@@ -211,6 +243,8 @@ class AgentClient:
         if len(frame) > limits.MAX_REQUEST_BYTES:
             raise UsageError(f"{cmd}: a request of {len(frame)} bytes exceeds the agent's "
                              f"limit of {limits.MAX_REQUEST_BYTES}", "shorten it")
+        if self.closed:
+            raise AgentLost("the connection to the agent is closed", "connect again")
         try:
             self.sock.sendall(frame)
         except OSError as exc:
@@ -220,12 +254,9 @@ class AgentClient:
     def messages(self, req_id: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """("event", data)* then ("result", data); an error reply raises."""
         while True:
-            events: list[dict[str, Any]] = []
-            result = self._read_one(req_id, events.append)
-            for data in events:
-                yield "event", data
-            if result is not None:
-                yield "result", result
+            kind, data = self._next(req_id, None)
+            yield kind, data
+            if kind == "result":
                 return
 
     def drain(self, req_id: int, timeout: float = CANCEL_GRACE) -> dict[str, Any]:
@@ -251,6 +282,8 @@ class AgentClient:
             self._send({"type": "cancel", "id": req_id})
 
     def _send(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            raise AgentLost("the connection to the agent is closed", "connect again")
         try:
             protocol.send(self.sock, message)
         except OSError as exc:
@@ -260,48 +293,59 @@ class AgentClient:
                          timeout: float | None) -> dict[str, Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            result = self._read_one(req_id, on_event, deadline)
-            if result is not None:
-                return result
-
-    def _read_one(self, req_id: int, on_event: EventHandler | None,
-                  deadline: float | None = None) -> dict[str, Any] | None:
-        """Read one message of ``req_id``: the result data, or None after an event."""
-        while True:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AgentLost("the agent did not answer in time",
-                                    "the target may be stuck holding the GIL; retry later")
-                self.sock.settimeout(left)
             try:
-                message = protocol.recv(self.sock)
-            except socket.timeout:
-                raise AgentLost("the agent did not answer in time",
-                                "the target may be stuck holding the GIL; retry later") from None
-            except (OSError, protocol.ProtocolError) as exc:
-                raise AgentLost(f"lost the connection to the agent: {exc}") from None
-            finally:
-                if deadline is not None:
-                    self.sock.settimeout(None)
+                kind, data = self._next(req_id, deadline)
+            except DeadlineReached:
+                self.close()  # mid-frame perhaps: the stream can no longer be trusted
+                raise AgentTimeout(f"the agent did not answer within {timeout:g}s") from None
+            if kind == "result":
+                return data
+            if on_event is not None:
+                on_event(data)
+
+    def _next(self, req_id: int, deadline: float | None) -> tuple[str, dict[str, Any]]:
+        """The next ("event" | "result", data) of ``req_id``; an error reply raises.
+
+        Raises DeadlineReached at ``deadline`` (the partial frame is kept); a frame that cannot
+        be read to its end (too large, too slow, cut) closes the connection."""
+        while True:
+            if self.closed:
+                raise AgentLost("the connection to the agent is closed", "connect again")
+            try:
+                message = self._reader.read(deadline)
+            except (FrameTooLarge, FrameTimeout, AgentLost):
+                self.close()
+                raise
             if message is None:
+                self.close()
                 raise AgentLost("the agent closed the connection (did the target exit?)")
             if message.get("id") not in (req_id, None):  # None: the agent refused the frame
                 continue
             kind = message.get("type")
-            if kind == "event":
-                if on_event is not None:
-                    on_event(message.get("data") or {})
-                return None
-            if kind == "result":
+            if kind in ("event", "result"):
                 data = message.get("data")
-                return data if isinstance(data, dict) else {"value": data}
+                if not isinstance(data, dict):
+                    raise malformed(f"{kind}: data: expected an object, got "
+                                    f"{type(data).__name__}")
+                return kind, data
             if kind == "error":
-                raise from_remote(message.get("error") or {})
+                raise from_remote(_error_of(message))
 
     def close(self) -> None:
+        self.closed = True
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _error_of(message: dict[str, Any]) -> dict[str, Any]:
+    """The ``error`` of an error reply, if it has the documented shape (strings or absent)."""
+    error = message.get("error")
+    if not isinstance(error, dict):
+        raise malformed(f"error: expected an object, got {type(error).__name__}")
+    for key in ("kind", "message", "hint"):
+        if error.get(key) is not None and not isinstance(error[key], str):
+            raise malformed(f"error.{key}: expected a string, got {type(error[key]).__name__}")
+    return error
 
 
 def _peer_of(sock: socket.socket) -> tuple[int, int]:

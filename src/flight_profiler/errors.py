@@ -32,6 +32,8 @@ class ExitCode:
     AGENT_LOST = 10  # the connection to the agent broke mid-command
     TORCH_MISSING = 11  # the target has not imported torch
     INCOMPLETE = 12  # diagnose: some phases failed or timed out (the report names what is missing)
+    AGENT_TIMEOUT = 13  # the agent did not answer within a deadline (or sent a frame too slowly)
+    BAD_ANSWER = 14  # the agent's answer was malformed or larger than the CLI accepts
     INTERRUPTED = 130
 
 
@@ -50,6 +52,8 @@ EXIT_CODE_SUMMARIES: dict[int, str] = {
     ExitCode.AGENT_LOST: "agent lost",
     ExitCode.TORCH_MISSING: "target has no torch",
     ExitCode.INCOMPLETE: "diagnosis incomplete",
+    ExitCode.AGENT_TIMEOUT: "agent did not answer in time",
+    ExitCode.BAD_ANSWER: "malformed or oversized answer",
     ExitCode.INTERRUPTED: "interrupted",
 }
 
@@ -145,6 +149,33 @@ class AgentLost(FlightProfilerError):
     default_hint = "The target may have exited; check it with `ps -p <pid>`."
 
 
+class AgentTimeout(FlightProfilerError):
+    """The agent did not answer within a deadline: the command's own time limit plus its
+    margin, or a frame that began but did not end in time (docs/commands.md, "Deadlines")."""
+
+    exit_code = ExitCode.AGENT_TIMEOUT
+    kind = "agent_timeout"
+    default_hint = ("a thread of the target may hold the GIL in a long native call, or what "
+                    "answers is not a working agent; retry later, or give it more time with "
+                    "--deadline")
+
+
+class BadAnswer(FlightProfilerError):
+    """The agent's answer was malformed (a shape the CLI does not know) or larger than the CLI
+    accepts: it is refused before it is shown or used. The connection stays usable unless the
+    frame could not be read to its end."""
+
+    exit_code = ExitCode.BAD_ANSWER
+    kind = "bad_answer"
+    default_hint = ("the agent may be of another flight_profiler version, or not a real agent; "
+                    "detach it (`flight_profiler PID --cmd detach`) and attach again")
+
+
+def malformed(what: str) -> BadAnswer:
+    """The one wording of a malformed answer: ``what`` names the field and the problem."""
+    return BadAnswer(f"the agent's answer was malformed: {what}")
+
+
 class TorchMissing(FlightProfilerError):
     exit_code = ExitCode.TORCH_MISSING
     kind = "torch_missing"
@@ -190,8 +221,31 @@ def pyrasite_missing() -> AttachFailed:
 
 def cannot_write(path: str, exc: OSError) -> FlightProfilerError:
     """A report or diff could not be written where the user asked."""
+    from flight_profiler.atomic_files import NotRegularFile
+
+    if isinstance(exc, NotRegularFile):  # a device node, FIFO, directory or symlink there
+        return FlightProfilerError(f"cannot write {path}: it is {exc.strerror}",
+                                   "pass the path of a regular file (a report replaces it "
+                                   "whole), or leave out -o to print the report")
     return FlightProfilerError(f"cannot write {path}: {exc.strerror or exc}",
                                "Check that the directory exists and is writable.")
+
+
+def cannot_stage(path: str, exc: OSError) -> AttachFailed:
+    """The target's /tmp refused the agent's files (full, read-only, or a user namespace that
+    cannot represent the owner): said before the target is touched."""
+    import errno
+
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free some space in the target's /tmp (`df -h /tmp`) and retry"
+    elif exc.errno == errno.EROFS:
+        hint = ("the target's /tmp is read-only: give it a writable /tmp (e.g. a tmpfs: "
+                "`docker run --tmpfs /tmp`) for the agent's socket")
+    else:
+        hint = "run flight_profiler as the target's user, inside its container"
+    return AttachFailed(f"cannot write the agent's files in {path}: {why}; the target was not "
+                        "touched", hint)
 
 
 def from_remote(error: dict[str, Any]) -> FlightProfilerError:

@@ -216,6 +216,50 @@ def test_ctrl_c_while_waiting_removes_the_hook(trainer):
     trainer.assert_advances()
 
 
+def test_profile_window_around_a_forward_holds_whole_steps(trainer):
+    # GIVEN a user naming the model's forward, which runs inside train_step before its backward
+    result = trainer.json("torch profile torch.nn.modules.container Sequential forward -n 3 "
+                          "--window --with-stack -f around.json.gz")
+    assert result["mode"] == "around" and result["all_threads"]
+    assert result["calls_entered"] >= 4 and result["optimizer_steps"]["#0 SGD"] >= 4
+    # THEN the trace marks the calls, each optimizer step and each backward, and the report
+    # finds the step (SGD.step) with the forward inside it, once a step
+    from flight_profiler.report import analyze
+
+    with gzip.open(trainer.workdir / "around.json.gz", "rt") as f:
+        names = [e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert names.count("flight_profiler.call#torch.nn.modules.container.Sequential.forward") >= 4
+    assert names.count("flight_profiler.optimizer_step#0 SGD") >= 4
+    assert names.count("flight_profiler.backward") >= 3
+    step = analyze([str(trainer.workdir / "around.json.gz")]).inputs[0].data["step"]
+    assert step["kind"] == "optimizer" and step["name"] == "SGD.step" and step["whole_steps"] >= 3
+    assert step["method"]["role"] == "inside the step" and step["method"]["calls_per_step"] == 1
+    # and every hook (the forward's, backward's, the optimizer's) is gone
+    status = trainer.cli("status")
+    assert re.search(r"instrumentation\s+none", status.stdout), status.stdout
+    trainer.assert_advances()
+
+
+def test_ctrl_c_stops_a_window_and_its_profiler(trainer):
+    # GIVEN a window around a method that is never called again
+    proc = subprocess.Popen([*CLI, str(trainer.pid), "--cmd",
+                             "torch profile __main__ worker -n 3 --window --timeout 60"],
+                            cwd=trainer.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while "profile window around __main__.worker" not in trainer.cli("status").stdout:
+        assert time.monotonic() < deadline and proc.poll() is None, "the window never started"
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    status = trainer.cli("status")
+    assert re.search(r"instrumentation\s+none", status.stdout), status.stdout
+    # THEN its all-threads session is stopped too: a new one starts and records
+    window = trainer.json("torch profile --duration 0.5 -f after-cancel.json")
+    assert window["all_threads"] and (trainer.workdir / "after-cancel.json").stat().st_size > 0
+    trainer.assert_advances()
+
+
 def test_zz_target_exits_cleanly_and_output_is_untouched(trainer):
     # named zz: runs last in this module (pytest keeps file order)
     assert trainer.finish() == 0, trainer.target.stderr

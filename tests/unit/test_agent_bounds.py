@@ -192,3 +192,32 @@ def test_lost_socket_is_given_back_by_start_and_the_agent_keeps_its_state(agent:
             assert c.request("status")["pid"] == os.getpid()
     finally:
         squatter.close()
+
+
+def test_outbox_writes_what_is_queued_in_one_send_in_order() -> None:
+    # GIVEN a sender that cannot start writing until 200 events are queued
+    gate = threading.Event()
+    writes: list[bytes] = []
+
+    def send_bytes(data: bytes) -> None:
+        gate.wait(10)
+        writes.append(data)
+
+    box = Outbox(lambda m: None, 7, "fp-test-events", encode=protocol.encode, send_bytes=send_bytes)
+    box.emit({"i": 0})
+    time.sleep(0.1)  # the sender took the first event and waits in its write
+    for i in range(1, 200):
+        box.emit({"i": i, "bad": {(1, 2): 0}} if i == 100 else {"i": i})
+    gate.set()
+    box.flush()
+    # THEN the other 199 went out in one write (not one write, and one GIL hand-off, each), in
+    # order, the one that cannot be encoded counted as dropped
+    assert len(writes) == 2
+    sock_a, sock_b = socket.socketpair()
+    with sock_a, sock_b:
+        sock_a.sendall(b"".join(writes))
+        sock_a.shutdown(socket.SHUT_WR)
+        got = []
+        while (message := protocol.recv(sock_b)) is not None:
+            got.append(message["data"]["i"])
+    assert got == [i for i in range(200) if i != 100] and box.dropped == 1

@@ -127,6 +127,9 @@ while time.time() < deadline:
             try:
                 os.rename(os.path.join(private, name), os.path.join(private, "moved-" + name))
                 os.symlink(victim, os.path.join(private, name))
+            except PermissionError:
+                print("refused", name, flush=True)
+                sys.exit(0)
             except OSError:
                 continue
             print("swapped", name, flush=True)
@@ -138,16 +141,19 @@ while time.time() < deadline:
 @pytest.mark.parametrize("when", ["before_open", "while_copying"])
 def test_staging_directory_swapped_for_a_symlink_never_reaches_the_victim(
         fake_root, victim, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
-    # GIVEN the user swaps root's fresh .staging-* directory for a symlink to a root-only
-    # directory, at the two moments the issue's race used (deterministically: the swap runs,
-    # as uid 65534, from inside the staging steps)
+    # GIVEN the user tries to swap root's fresh .staging-* directory for a symlink to a
+    # root-only directory, at the two moments the issue's race used (deterministically: the
+    # swap runs, as uid 65534, from inside the staging steps)
     with AgentDir.open(USER, str(fake_root)) as directory:
         private = directory.path
+    with AgentDir.open_code_dir(str(fake_root)) as directory:
+        code = directory.path
 
     def swap() -> None:
         done = as_user(SWAPPER.replace("sys.argv[1], sys.argv[2], sys.argv[3]",
-                                       f"{private!r}, {str(victim)!r}, {when!r}"))
-        assert done.stdout.startswith("swapped"), done
+                                       f"{code!r}, {str(victim)!r}, {when!r}"))
+        # root stages in its own directory: the user cannot rename anything there
+        assert done.stdout.startswith("refused"), done
 
     if when == "before_open":
         real_open = staging._open_new_dir
@@ -173,28 +179,43 @@ def test_staging_directory_swapped_for_a_symlink_never_reaches_the_victim(
         staged = None
     # THEN nothing was written into the victim, nor chowned to the user
     _untouched(victim)
-    # and whatever is in place under the staged name is a real directory of the user's
-    # holding the agent (never the user's symlink)
-    for entry in os.listdir(private):
-        if entry.startswith(staging.STAGED_PREFIX):
-            st = os.lstat(os.path.join(private, entry))
-            assert stat.S_ISDIR(st.st_mode) and st.st_uid == USER
-    if staged is not None:
-        assert os.path.isfile(os.path.join(private, staged.name, "pkg", "server.py"))
+    # and nothing was staged where the user writes; the copy is root's own, in root's directory
+    assert not [e for e in os.listdir(private) if e.startswith((".staging", staging.STAGED_PREFIX))]
+    assert staged is not None
+    st = os.lstat(os.path.join(code, staged.name))
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0
+    assert os.path.isfile(os.path.join(code, staged.name, "pkg", "server.py"))
 
 
 @needs_root
-def test_staged_copy_is_the_users_and_private(fake_root) -> None:
+def test_roots_staged_copy_is_roots_and_only_readable_by_others(fake_root) -> None:
+    # GIVEN root staging the agent for uid 65534's job
     staged = staging.stage(USER, 4242, str(fake_root), None, 77)
-    outer = fake_root / "tmp" / f"flight_profiler-{USER}" / staged.name
-    assert staged.pkg == f"/tmp/flight_profiler-{USER}/{staged.name}/pkg"
-    assert staged.log.endswith("agent-77-4242.log") and staged.sock == "agent-77-4242.sock"
-    for path in [outer, *outer.rglob("*")]:
+    outer = fake_root / "tmp" / "flight_profiler-code" / staged.name
+    assert staged.pkg == f"/tmp/flight_profiler-code/{staged.name}/pkg"
+    assert staged.log == f"/tmp/flight_profiler-{USER}/agent-77-4242.log"
+    assert staged.sock == "agent-77-4242.sock"
+    # THEN every directory and file of the copy (and the directory above) is root's, and no
+    # one else may write it
+    for path in [outer.parent, outer, *outer.rglob("*")]:
         st = path.lstat()
-        assert st.st_uid == USER and not stat.S_IMODE(st.st_mode) & 0o077, path
-    # the user (the target) can read its agent
+        assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, path
+    # the user (the target) can read its agent, and cannot change or add a byte of it
     as_user(f"open({str(outer / 'pkg' / 'server.py')!r}).read()")
-    # staging again reuses the copy (one per version)
+    done = subprocess.run(
+        ["setpriv", "--reuid", str(USER), "--regid", str(USER), "--clear-groups",
+         sys.executable, "-c",
+         "import os, sys\n"
+         "for p in sys.argv[1:]:\n"
+         "    try:\n"
+         "        open(p, 'a').close(); print('wrote', p)\n"
+         "    except PermissionError:\n"
+         "        pass\n",
+         str(outer / "pkg" / "server.py"), str(outer / "pkg" / "evil.py"),
+         str(outer / "pkg" / "__pycache__" / "server.cpython-311.pyc"), str(outer / "x")],
+        capture_output=True, text=True, timeout=60, cwd="/", check=True)
+    assert done.stdout == "", done.stdout
+    # staging again reuses the copy (one per version), after checking it
     assert staging.stage(USER, 4243, str(fake_root), None, 77).name == staged.name
     assert len([p for p in outer.parent.iterdir() if p.name.startswith("agent-")]) == 1
 
@@ -243,7 +264,7 @@ def test_old_staged_copies_go_unless_an_agent_holds_them(tmp_path, monkeypatch) 
 
     (tmp_path / "tmp").mkdir()
     uid = os.geteuid()
-    with AgentDir.open(uid, str(tmp_path)) as directory:
+    with staging.code_dir(str(tmp_path)) as directory:  # where this CLI stages
         private = Path(directory.path)
         for name in ("agent-0000000000000001", "agent-0000000000000002"):
             (private / name / "pkg").mkdir(parents=True)
@@ -295,11 +316,11 @@ def test_a_containers_symlinked_tmp_is_refused(tmp_path) -> None:
 
 RACER = r"""
 import os, sys, time
-private, victim = sys.argv[1], sys.argv[2]
+private, victim, flags = sys.argv[1], sys.argv[2], sys.argv[3]
 os.write(1, b"racing\n")
 seen = set()
 deadline = time.time() + 60
-while time.time() < deadline and not os.path.exists(os.path.join(private, "stop")):
+while time.time() < deadline and not os.path.exists(os.path.join(flags, "stop")):
     try:
         names = os.listdir(private)
     except OSError:
@@ -321,16 +342,18 @@ def test_staging_against_a_live_racer_of_the_second_uid(fake_root, victim) -> No
     # symlink to a root-only directory in its place), as the issue's attack did
     with AgentDir.open(USER, str(fake_root)) as directory:
         private = directory.path
+    with AgentDir.open_code_dir(str(fake_root)) as directory:
+        code = directory.path
     racer = subprocess.Popen(
         ["setpriv", "--reuid", str(USER), "--regid", str(USER), "--clear-groups",
-         sys.executable, "-c", RACER, private, str(victim)],
+         sys.executable, "-c", RACER, code, str(victim), private],
         stdout=subprocess.PIPE, cwd="/")
     try:
         assert racer.stdout is not None and racer.stdout.readline() == b"racing\n"
         outcomes = []
         for _ in range(12):
             # WHEN root stages (a fresh copy each time)
-            with AgentDir.open(USER, str(fake_root)) as directory:
+            with AgentDir.open_code_dir(str(fake_root)) as directory:
                 for entry in os.listdir(directory.fd):
                     if entry.startswith(staging.STAGED_PREFIX):
                         staging.remove_tree(directory, entry)

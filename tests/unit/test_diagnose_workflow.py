@@ -156,13 +156,13 @@ def test_cpu_run_runs_every_phase_and_writes_everything(options: DiagnoseOptions
     result = run_diagnosis(driver, options)
     st = statuses(result)
     for name in ("status", "locate", "memory", "snapshot-before", "census-before", "profile",
-                 "record", "watch", "input", "trace", "grads", "census-after", "snapshot-after",
-                 "report"):
+                 "record", "watch", "census-middle", "input", "trace", "grads", "census-after",
+                 "snapshot-after", "report"):
         assert st[name] == "ok", (name, result.phase(name).reason)
     assert any(" -s " in ln for ln in driver.lines) and any(" -r " in ln for ln in driver.lines)
     out = Path(options.out_dir)
     for name in ("snapshot-before.pickle", "snapshot-after.pickle", "record.pickle",
-                 "census-before.json", "census-after.json", "profile.json.gz", "report.md",
+                 "census-before.json", "census-middle.json", "census-after.json", "profile.json.gz", "report.md",
                  "report.json", "report.html", "diagnose.json"):
         assert (out / name).stat().st_size > 0, name
     # the census pair reached the report engine: the growing list is found
@@ -186,14 +186,18 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "watch __main__ train_step --expr cost -n 1 --timeout 7",
         "torch memory",
         f"torch memory -s -f {out}/snapshot-before.pickle",
-        f"torch tensors -f {out}/census-before.json",
-        f"torch profile __main__ train_step --schedule 0,1,4 -f {out}/profile.json.gz "
+        f"torch tensors __main__ train_step -f {out}/census-before.json --timeout 7",
+        f"torch profile __main__ train_step --window --duration 0.1 -n 4 -f {out}/profile.json.gz "
         "--profile-memory --with-stack --timeout 7",
         f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7",
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
-        "torch dataloader --sample 0.5",
+        # three censuses, each right after a call of the method, each compared with the last
+        f"torch tensors __main__ train_step -f {out}/census-middle.json --diff {out}/census-before.json "
+        "--timeout 7",
+        "torch dataloader --sample 2",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
-        f"torch tensors -f {out}/census-after.json --diff {out}/census-before.json",
+        f"torch tensors __main__ train_step -f {out}/census-after.json --diff {out}/census-middle.json "
+        "--timeout 7",
         f"torch memory -s -f {out}/snapshot-after.pickle",
         f"torch grads __main__ train_step -n 4 -f {out}/grads.json --timeout 7",
     ]
@@ -306,11 +310,11 @@ def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOp
 def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions) -> None:
     progress = Recorder()
     run_diagnosis(FakeDriver(), options, progress)
-    assert progress.lines[0] == "phase 1/14 Check the target (torch, CUDA)"
+    assert progress.lines[0] == "phase 1/15 Check the target (torch, CUDA)"
     assert "waiting waiting for train_step to be called: 3 of 4 calls" in progress.lines
     assert "waiting 4 of 4 calls seen; the agent is finishing (writing its files)" in progress.lines
     assert progress.lines[-1] == "done report ok"
-    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 14
+    assert sum(1 for ln in progress.lines if ln.startswith("phase ")) == 15
 
 
 def test_partial_calls_are_kept_and_said(options: DiagnoseOptions) -> None:
@@ -340,7 +344,8 @@ def test_an_output_directory_with_spaces_is_quoted(tmp_path: Path) -> None:
     driver = FakeDriver()
     result = run_diagnosis(driver, options)
     assert statuses(result)["census-after"] == "ok"
-    assert f"torch tensors -f '{options.out_dir}/census-before.json'" in driver.lines
+    assert f"torch tensors __main__ train_step -f '{options.out_dir}/census-before.json' --timeout 7" \
+        in driver.lines
     assert (Path(options.out_dir) / "profile.json.gz").exists()
     assert result.phase("profile").files == [f"{options.out_dir}/profile.json.gz"]
 
@@ -498,3 +503,75 @@ def test_nan_grads_lead_to_one_anomaly_call(options: DiagnoseOptions) -> None:
     assert nf and nf[0].metrics["first_layer"] == "weight"
     assert "forward call: train.py:12 in step" in nf[0].where
     assert any("aten.log.default in forward" in line for line in nf[0].evidence)
+
+
+# -- the step, and the loop around the method (issue 18) -------------------------------------
+def forward_watch(words: list[str], on_event: Any) -> dict[str, Any]:
+    """A forward of 16 ms in a 100 ms step (the rest: backward, optimizer, the next batch)."""
+    count = int(words[words.index("-n") + 1])
+    for n in range(count):
+        on_event({"type": "call", "n": n + 1, "cost_ms": 16.0, "ts": 1000.0 + 0.1 * n,
+                  "thread": "MainThread"})
+    return {"reason": "count", "matched": count, "target": "__main__.Generator.forward"}
+
+
+def training_samples(words: list[str], on_event: Any, share: float = 0.02,
+                     batches: int = 20) -> dict[str, Any]:
+    """A training loop's thread: running its backward and its model, next() timed."""
+    return {"cpus": 2, "sampled_s": 2.0, "loaders": [], "threads": [{
+        "thread": "MainThread", "samples": 200,
+        "shares": {"running": 1.0 - share, "dataloader_wait": share},
+        "top": [{"category": "running", "share": 0.5,
+                 "where": "running _engine_run_backward() graph.py:979 (in <module>() dcgan.py:157)"},
+                {"category": "running", "share": 0.3, "where": "running forward() conv.py:1198"}]}],
+        "next_timing": [{"thread": "MainThread", "batches": batches, "next_s": share * 2.0,
+                         "window_s": 2.0, "share": share}]}
+
+
+def window_profile(loop_kwargs: dict[str, Any]) -> Handler:
+    def handler(words: list[str], on_event: Any) -> dict[str, Any]:
+        from unit.report.step_synth import Loop, write
+
+        write(Loop(**loop_kwargs), Path(words[words.index("-f") + 1]))
+        return {"path": words[words.index("-f") + 1], "mode": "around", "calls_entered": 7,
+                "optimizer_steps": {"#0 SGD": 7}, "duration_s": 0.1}
+    return handler
+
+
+def test_the_rest_of_a_step_is_no_idle_loop_and_backward_is_never_to_remove(
+        options: DiagnoseOptions) -> None:
+    # GIVEN Generator.forward, 16 % of its loop, whose thread runs backward the rest of the time
+    options.target = MethodTarget.parse(["__main__", "Generator", "forward"])
+    driver = FakeDriver(overrides={"watch __main__ Generator forward --expr cost -n 4": forward_watch,
+                                   "torch dataloader": training_samples,
+                                   "torch profile": window_profile({"steps": 6})})
+    result = run_diagnosis(driver, options)
+    findings = result.report.findings
+    # THEN no idle-loop (the old verdict: "only 16% of its loop ... remove it", at backward)
+    assert not [f for f in findings if f.rule == "idle-loop"]
+    assert not [f for f in findings if "remove" in " ".join(f.fix).lower() and "backward" in
+                " ".join(f.where)]
+    # and the step it runs in is said: in --json and diagnose.json
+    step = result.to_dict()["step"]
+    assert step["kind"] == "optimizer" and step["name"] == "SGD.step"
+    assert step["method"]["role"] == "inside the step" and step["method"]["calls_per_step"] == 1
+    written = json.loads((Path(options.out_dir) / "diagnose.json").read_text())
+    assert written["step"] == step and "The step: SGD.step" in Path(result.outputs["md"]).read_text()
+
+
+def test_the_dataloader_share_timed_without_the_profiler_decides(options: DiagnoseOptions) -> None:
+    # GIVEN a profile whose whole steps put 25 % in next() (the profiler slows the training
+    # thread's own Python in __next__), while the loop's next() calls, timed, take 3 %
+    driver = FakeDriver(overrides={"torch dataloader": lambda w, e: training_samples(w, e, 0.03),
+                                   "torch profile": window_profile({"steps": 6, "dataloader_us": 2500})})
+    result = run_diagnosis(driver, options)
+    # THEN the timed share is the verdict: no DataLoader finding, and both figures are said
+    assert not [f for f in result.report.findings if f.rule == "dataloader-bottleneck"]
+    dl = result.to_dict()["dataloader"]
+    assert dl["timed_pct"] == 3.0 and dl["profile_pct"] > 20
+    # WHEN the timed share is high THEN it is a finding that says how it was measured
+    driver = FakeDriver(overrides={"torch dataloader": lambda w, e: training_samples(w, e, 0.3),
+                                   "torch profile": window_profile({"steps": 6})})
+    (f,) = [f for f in run_diagnosis(driver, options).report.findings
+            if f.rule == "dataloader-bottleneck"]
+    assert f.severity == "critical" and "timed without the profiler" in f.evidence[0]

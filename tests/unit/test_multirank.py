@@ -126,3 +126,43 @@ def test_alignment_gives_up_after_its_timeout_and_says_so() -> None:
     assert note.startswith("not aligned: 1 rank(s) did not reach their profile within 0.2s")
     assert align.wait().startswith("not aligned: the other ranks had given up")  # nor held again
     assert ProfileAlignment(1, 1.0).wait() == "not aligned: one rank"
+
+
+def test_ranks_take_turns_for_the_commands_that_hold_their_threads() -> None:
+    """A rank held by its thread gate makes the others wait for it in their collectives, where
+    their own gate cannot hold them: diagnose --all-ranks runs those commands one rank at a time
+    (the others' census failed with "stayed inside one native call in _engine_run_backward()")."""
+    from flight_profiler.diagnose.all_ranks import TakeTurns
+    from flight_profiler.requests import basic
+    from flight_profiler.requests import torch as torch_requests
+
+    inside: dict[str, int] = {"holding": 0, "most": 0, "other": 0, "most_other": 0}
+    lock = threading.Lock()
+
+    class Driver:
+        injected = True
+
+        def run(self, request: Any, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
+            kind = "other" if request.cmd == "status" or request.args.get("mode") == "record" else "holding"
+            with lock:
+                inside[kind] += 1
+                inside[f"most{'_other' if kind == 'other' else ''}"] = max(
+                    inside[f"most{'_other' if kind == 'other' else ''}"], inside[kind])
+            time.sleep(0.05)
+            with lock:
+                inside[kind] -= 1
+            return {}
+
+    turn = threading.Lock()
+    drivers = [TakeTurns(Driver(), turn) for _ in range(4)]
+    requests = [torch_requests.tensors(), torch_requests.memory(snapshot=True, file="/tmp/s.pickle"),
+                torch_requests.memory(), torch_requests.grads(),
+                basic.status(), torch_requests.memory(["__main__", "step"], record=True)]
+    threads = [threading.Thread(target=d.run, args=(r,)) for d in drivers for r in requests]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert inside["most"] == 1  # never two ranks holding their threads at once
+    assert inside["most_other"] > 1  # the rest runs in parallel
+    assert all(d.injected for d in drivers)

@@ -125,3 +125,15 @@ def test_generator_methods_are_refused_before_anything_changes(loop):
         run_handler("torch anomaly", {"target": spec(loop.__name__, "batches"), "calls": 1, "timeout": 1})
     assert (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) == (False, True)
     assert hooks.active() == [] and not nan_watch.BUSY.locked()
+
+
+def test_uninitialised_outputs_are_not_judged():
+    # torch.empty's bits are whatever the allocator held (a CI run once saw NaN there and named
+    # aten.empty.memory_format the first NaN): such outputs are not results.
+    watch = nan_watch.make_watch(torch)
+    nan = torch.tensor([float("nan"), 1.0])
+    watch._check(torch.ops.aten.empty.memory_format, ([2],), {}, nan)
+    watch._check(torch.ops.aten.new_empty_strided.default, (nan, [2], [1]), {}, nan)
+    assert watch.first is None
+    watch._check(torch.ops.aten.log.default, (torch.tensor([-1.0, 1.0]),), {}, nan)
+    assert watch.first is not None and watch.first["op"] == "aten.log.default"

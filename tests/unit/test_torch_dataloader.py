@@ -51,8 +51,14 @@ def test_slow_loader_is_described_and_the_wait_measured() -> None:
         assert w["rss_bytes"] > 1_000_000
     main = next(t for t in result["threads"] if t["thread"] == "MainThread")
     # The main thread's time goes to waiting for worker batches, and the call site is named
-    assert main["shares"].get("dataloader_wait", 0) > 0.5
+    # (the program's own frame: not the agent's timing hook around next())
+    in_loader = ("dataloader_wait", "dataloader_receive", "dataloader_load")
+    assert sum(main["shares"].get(k, 0) for k in in_loader) > 0.5
     assert "train_step()" in main["top"][0]["where"]
+    # Every next() timed over whole batch periods: the loop's share, as it would measure it
+    [timed] = [r for r in result["next_timing"] if r["thread"] == "MainThread"]
+    assert timed["batches"] >= 2 and timed["share"] > 0.5
+    assert timed["next_s"] <= timed["window_s"]
 
 
 def test_no_loader_says_so() -> None:
@@ -107,3 +113,122 @@ def test_cli_parses_and_renders() -> None:
     shown.result(data, Console(file=out, width=200))
     text = out.getvalue()
     assert "num_workers=2" in text and "waiting for DataLoader workers 90%" in text and "12" in text
+
+
+def test_next_timer_counts_whole_batch_periods_only() -> None:
+    # GIVEN next() calls at 0, 1, 2, 3 s taking 0.25 s each, then one cut by the window's end
+    timer = dataloader_state.NextTimer()
+    for start in (0.0, 1.0, 2.0, 3.0):
+        timer.on_exit(start, None, None, 250_000_000)
+    [row] = timer.summary({})
+    # THEN the share is over the 3 whole periods between the first and the last call's start
+    assert row["batches"] == 3 and row["window_s"] == 3.0
+    assert row["share"] == 0.25
+
+
+def _frames_in(files: dict[str, str], call: str) -> tuple[Any, Any, Any]:
+    """A thread blocked inside code compiled under the given file names; its stack's top."""
+    import sys
+    import threading
+
+    gate = threading.Event()
+    ns: dict[str, Any] = {"gate": gate}
+    for filename, source in files.items():
+        exec(compile(source, filename, "exec"), ns)
+    t = threading.Thread(target=ns[call])
+    t.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(t.ident)  # type: ignore[arg-type]
+        if frame is not None and frame.f_code.co_name in ("wait", "_wait_for_tstate_lock"):
+            break
+        time.sleep(0.01)
+    return frame, gate, t
+
+
+LOADER = "/venv/site-packages/torch/utils/data/dataloader.py"
+ITER = """
+def __next__():
+    return _try_get_data()
+def _try_get_data():
+    return get()
+"""
+
+
+@pytest.mark.parametrize("where, get, category", [
+    # blocked in the queue's poll: no batch from the workers yet
+    ("/usr/lib/python3/multiprocessing/connection.py",
+     "def get():\n    return _poll()\ndef _poll():\n    return gate.wait(5)\n", "dataloader_wait"),
+    # a batch the workers had ready: its tensors' shared memory fetched from the worker
+    ("/venv/site-packages/torch/multiprocessing/reductions.py",
+     "def get():\n    return rebuild_storage_fd()\ndef rebuild_storage_fd():\n    return gate.wait(5)\n",
+     "dataloader_receive"),
+])
+def test_classify_tells_waiting_for_workers_from_receiving_a_ready_batch(where: str, get: str,
+                                                                         category: str) -> None:
+    frame, gate, t = _frames_in({where: get, LOADER: ITER}, "__next__")
+    try:
+        assert dataloader_state.classify(frame)[0] == category
+    finally:
+        del frame
+        gate.set()
+        t.join()
+
+
+def test_a_local_named_like_a_blocking_call_is_no_wait() -> None:
+    # GIVEN a thread inside a C call that releases the GIL, its argument a local named `input`
+    # (F.max_pool2d(input, ...) in torch.nn.functional): it is running, not waiting for input()
+    import hashlib
+    import sys
+    import threading
+
+    data = b"x" * (256 << 20)
+    started = threading.Event()
+
+    def forward(input: bytes) -> bytes:
+        started.set()
+        return hashlib.sha256(input).digest()
+
+    t = threading.Thread(target=forward, args=(data,))
+    t.start()
+    started.wait()
+    time.sleep(0.02)
+    frame = sys._current_frames().get(t.ident)  # type: ignore[arg-type]
+    try:
+        if frame is None or frame.f_code.co_name != "forward":
+            pytest.skip("the hash finished before the sample")
+        assert dataloader_state.classify(frame)[0] == "running"
+    finally:
+        del frame
+        t.join()
+
+
+def test_torch_waiting_for_its_own_work_is_running_not_idle() -> None:
+    # GIVEN threads blocked on a lock: one in torch's own Python (a collective's work.wait() in
+    # torch/distributed: the step's communication), one in the program's (an idle loop)
+    import sys
+    import threading
+
+    held = threading.Lock()
+    held.acquire()
+    ns: dict[str, Any] = {"held": held}
+    for filename, name in (("/venv/site-packages/torch/distributed/c10d.py", "all_reduce"),
+                           ("/work/job/train.py", "wait_for_jobs")):
+        source = f"def {name}():\n    if held.acquire(timeout=5):\n        held.release()\n"
+        exec(compile(source, filename, "exec"), ns)
+    threads = [threading.Thread(target=ns[n]) for n in ("all_reduce", "wait_for_jobs")]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.2)
+        frames = sys._current_frames()
+        torch_wait, program_wait = (frames[t.ident] for t in threads)  # type: ignore[index]
+        assert torch_wait.f_code.co_name == "all_reduce"
+        # THEN torch's wait is the step's work; the program's is a wait
+        assert dataloader_state.classify(torch_wait)[0] == "running"
+        assert dataloader_state.classify(program_wait)[0] == "wait"
+    finally:
+        frames = torch_wait = program_wait = None  # type: ignore[assignment]
+        held.release()
+        for t in threads:
+            t.join()

@@ -211,6 +211,23 @@ def test_cuda_record_enables_then_restores_history(fake_cuda, work, tmp_path):
     assert result["calls_recorded"] == 1
 
 
+def test_sites_are_named_by_python_frames_when_cpp_frames_come_first():
+    # CUDA history with context "all" (torch 2.11 on an H100): C++ frames precede Python's
+    from flight_profiler.agent.commands.torch_memory import _top_sites
+
+    cpp = [{"filename": "??", "line": 0, "name": "torch::unwind::unwind()"},
+           {"filename": "/lib/libc10_cuda.so", "line": 0, "name": "c10::cuda::malloc"}]
+    in_torch = {"filename": "/venv/torch/nn/modules/linear.py", "line": 125, "name": "forward"}
+    mine = {"filename": "/job/train.py", "line": 13, "name": "step"}
+    allocs = [{"action": "alloc", "size": 4096, "frames": [*cpp, in_torch, mine]},
+              {"action": "alloc", "size": 1024, "frames": [*cpp, in_torch]},
+              {"action": "alloc", "size": 512, "frames": cpp}]
+    sites = {row["site"]: row["bytes"] for row in _top_sites(allocs)}
+    assert sites == {"/job/train.py:13 step": 4096,
+                     "/venv/torch/nn/modules/linear.py:125 forward": 1024,
+                     "??:0 torch::unwind::unwind()": 512}
+
+
 def test_renderer_prints_path_and_sites(work, tmp_path):
     from rich.console import Console
 

@@ -150,11 +150,27 @@ def bootstrap(params: dict[str, Any]) -> None:
             holder.busy = holder.busy - {me}  # type: ignore[attr-defined]
             lock.release()
     except BaseException as exc:  # never let anything reach the target's thread
+        _log_failure(params, f"bootstrap failed: {type(exc).__name__}: {exc}\n")
+
+
+def _log_failure(params: dict[str, Any], line: str) -> None:
+    """Append ``line`` to the agent log, only if that is a regular file of ours: opened without
+    following a link and without blocking (a FIFO there would hang this thread, perhaps the
+    target's main thread, until a reader came)."""
+    try:
+        import os
+        import stat
+
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(str(params.get("log", "")), flags | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
-            with open(str(params.get("log", "/dev/null")), "a") as f:
-                f.write(f"bootstrap failed: {type(exc).__name__}: {exc}\n")
-        except BaseException:
-            pass
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                os.write(fd, line.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except BaseException:
+        pass
 
 
 if "_FP" in globals():

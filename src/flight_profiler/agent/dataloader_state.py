@@ -22,8 +22,16 @@ from typing import Any, Callable
 from .thread_gate import AGENT_THREAD_PREFIX, blocked_in
 
 _LOADER_FILE = os.sep + os.path.join("torch", "utils", "data", "dataloader.py")
+_TORCH_DIR = os.sep + "torch" + os.sep
 _LOADER_WAITS = frozenset({"_get_data", "_try_get_data"})
 _LOADER_CALLS = frozenset({"__next__", "_next_data"})
+# Inside the loader's wait: blocked until a worker sends a batch (the queue's poll), or
+# receiving one that is ready: the pipe read, the unpickling, and for every tensor a
+# round trip to the worker for its shared memory (torch's file_descriptor strategy).
+_RECEIVING = frozenset({"_recv_bytes", "_recv", "recv_bytes", "loads", "recv_handle", "recvfds"})
+_SHARING_FILES = (os.sep + os.path.join("multiprocessing", "reductions.py"),
+                  os.sep + os.path.join("multiprocessing", "resource_sharer.py"),
+                  os.sep + os.path.join("multiprocessing", "reduction.py"))
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -157,40 +165,95 @@ def find_loaders(track: list[tuple[dict[str, Any], Any]] | None = None) -> list[
         iterators.clear()
 
 
+def _receiving(top: Any, stop: Any) -> bool:
+    """Between the stack's top and ``stop`` (the loader's wait), a ready batch is being
+    received (read from the pipe, unpickled, its tensors' shared memory mapped), not waited for."""
+    f = top
+    while f is not None and f is not stop:
+        code = f.f_code
+        if code.co_name in _RECEIVING or code.co_filename.endswith(_SHARING_FILES):
+            return True
+        f = f.f_back
+    return False  # blocked in the queue's poll until a worker sends a batch
+
+
 def classify(frame: Any) -> tuple[str, str]:
-    """(category, where) of one thread's stack: dataloader wait, sleep, I/O wait, or running."""
+    """(category, where) of one thread's stack: waiting for the DataLoader's workers, receiving
+    a batch they made, loading one in this thread, sleep, I/O wait, a lock, or running."""
     top = frame
     f = frame
     user = None
-    in_loader = waiting = False
+    in_loader = False
+    wait_frame = None
     while f is not None:
         code = f.f_code
         if code.co_filename.endswith(_LOADER_FILE):
-            if code.co_name in _LOADER_WAITS:
-                waiting = True
+            if code.co_name in _LOADER_WAITS and wait_frame is None:
+                wait_frame = f
             if code.co_name in _LOADER_CALLS:
                 in_loader = True
-                user = f.f_back
+                user = program_frame(f)
         f = f.f_back
     if in_loader:
         at = _where(user) if user is not None else "?"
-        if waiting:
+        if wait_frame is not None and _receiving(top, wait_frame):
+            return ("dataloader_receive",
+                    f"DataLoader __next__ receiving a batch from a worker (called at {at})")
+        if wait_frame is not None:
             return "dataloader_wait", f"DataLoader __next__ waiting for worker batches (called at {at})"
         return "dataloader_load", f"DataLoader __next__ loading in this thread (called at {at})"
     name = blocked_in(top)
+    if name is not None and name in top.f_code.co_varnames:
+        # A local passed as an argument (F.max_pool2d(input, ...)), not a blocking call: the
+        # thread is running. thread_gate may err on the side of "parked"; an idle verdict may not.
+        name = None
+    if name is not None and _TORCH_DIR in top.f_code.co_filename:
+        # torch waiting for its own work (a collective's work.wait(), a stream): the step's.
+        name = None
     if name == "sleep":
-        return "sleep", f"sleep at {_where(top)}"
+        return "sleep", f"sleep at {_where(top)}{_in_program(top)}"
     if name in ("recv", "recv_into", "recvfrom", "read", "readinto", "readline", "accept",
                 "select", "poll", "connect", "send", "sendall"):
-        return "io", f"I/O ({name}) at {_where(top)}"
+        return "io", f"I/O ({name}) at {_where(top)}{_in_program(top)}"
     if name is not None:
-        return "wait", f"waiting ({name}) at {_where(top)}"
-    return "running", f"running {_where(top)}"
+        return "wait", f"waiting ({name}) at {_where(top)}{_in_program(top)}"
+    return "running", f"running {_where(top)}{_in_program(top)}"
 
 
 def _where(frame: Any) -> str:
     code = frame.f_code
     return f"{code.co_name}() {os.path.basename(code.co_filename)}:{frame.f_lineno}"
+
+
+def _library_roots() -> tuple[str, ...]:
+    """The standard library's directory (installed packages are told by their site-packages /
+    dist-packages component). Not sysconfig: its data module is no part of the stdlib list."""
+    stdlib = os.path.dirname(os.path.abspath(os.__file__))
+    return (stdlib.rstrip(os.sep) + os.sep,)
+
+
+_LIBRARY_ROOTS = (*_library_roots(), os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}", "<frozen")
+
+
+def is_program_file(filename: str) -> bool:
+    """The program's own code: not the standard library, an installed package or the agent."""
+    return not (filename.startswith(_LIBRARY_ROOTS) or any(p in filename for p in _LIBRARY_PARTS)
+                or filename.startswith("<"))
+
+
+def program_frame(frame: Any) -> Any:
+    """The innermost frame of the program's own code on this stack (None: library code only)."""
+    f = frame
+    while f is not None and not is_program_file(f.f_code.co_filename):
+        f = f.f_back
+    return f
+
+
+def _in_program(top: Any) -> str:
+    """`` (in train() train.py:57)``: where the program is, when the stack's top is a library's."""
+    user = program_frame(top)
+    return "" if user is None or user is top else f" (in {_where(user)})"
 
 
 def sample_threads(seconds: float, interval: float = 0.01,
@@ -236,11 +299,63 @@ def sample_threads(seconds: float, interval: float = 0.01,
     return out
 
 
-def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
+NEXT_SPEC = {"module": "torch.utils.data.dataloader", "class": "_BaseDataLoaderIter",
+             "method": "__next__"}
+_MAX_TIMED = 100_000
+
+
+class NextTimer:
+    """Times every ``next()`` of a DataLoader iterator, per thread, for hooks.install.
+
+    The DataLoader's share of a loop, measured the way the loop itself would (time in next()
+    over the time between batches), without a profiler's overhead slowing the loop down: over
+    whole periods only, from one thread's first observed next() to its last, so that a call cut
+    by either end of the window never counts.
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[int, list[tuple[float, float]]] = {}
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def on_enter(self, args: Any, kwargs: Any) -> float:
+        return time.perf_counter()
+
+    def on_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        if not isinstance(token, float):
+            return
+        with self._lock:
+            if self._n >= _MAX_TIMED:
+                return
+            self._n += 1
+            self._calls.setdefault(threading.get_ident(), []).append((token, token + elapsed_ns / 1e9))
+
+    def summary(self, names: dict[int, str]) -> list[dict[str, Any]]:
+        """Per thread with >= 3 calls: calls, seconds in next() and the share of the loop."""
+        with self._lock:
+            calls = {k: sorted(v) for k, v in self._calls.items()}
+        out: list[dict[str, Any]] = []
+        for ident, spans in calls.items():
+            if len(spans) < 3:
+                continue
+            first, last = spans[0][0], spans[-1][0]
+            whole = [(s, e) for s, e in spans if s < last]
+            inside = sum(e - s for s, e in whole)
+            window = last - first
+            out.append({"thread": names.get(ident, str(ident)), "batches": len(whole),
+                        "next_s": round(inside, 4), "window_s": round(window, 4),
+                        "share": round(inside / window, 4) if window > 0 else None})
+        out.sort(key=lambda r: -int(r["batches"]))
+        return out
+
+
+def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = None,
+          timer: NextTimer | None = None) -> dict[str, Any]:
     """Loaders, their workers (with CPU use over the sampling window) and the threads' waits.
 
     Counters are those at the end of the window, with the batches the loop took during it: a
-    reading taken only at the start says nothing about the rate the loop is fed at.
+    reading taken only at the start says nothing about the rate the loop is fed at. ``timer``
+    (hooked by the caller for the window): the DataLoader's share of each loop, timed.
     """
     track: list[tuple[dict[str, Any], Any]] = []
     loaders = find_loaders(track)
@@ -276,4 +391,7 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return {"loaders": loaders, "threads": threads, "sampled_s": round(elapsed, 3), "cpus": cpus}
+    result = {"loaders": loaders, "threads": threads, "sampled_s": round(elapsed, 3), "cpus": cpus}
+    if timer is not None:
+        result["next_timing"] = timer.summary({t.ident or 0: t.name for t in threading.enumerate()})
+    return result

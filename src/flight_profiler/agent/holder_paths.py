@@ -3,9 +3,13 @@ to it, e.g. ``__main__.trainer.history['loss'][412]``, ``main() local trainer.hi
 ``thread 'server' serve() local self.cache['req-7']``.
 
 One breadth-first walk builds a reverse map for all tensors at once (``gc.get_referrers`` per
-tensor would be quadratic). Roots: the globals of every imported module (``__main__`` first,
-then the program's own modules, then libraries), then the locals of every thread's running
-functions (the program's own walked to the end before any library function's). Walked: dict, list, tuple, set, deque, instance ``__dict__``, class ``__dict__``,
+tensor would be quadratic). Roots, each group walked to the end before the next: the globals
+of ``__main__`` and the program's own modules; the locals of the program's running functions
+in every thread (and the value a method just returned, when the census runs right after it);
+the globals of the libraries; the libraries' running functions' locals. Each root's origin is
+kept (global, local with its frame's depth, return value), and the cap of a container whose
+length is bounded (a deque's maxlen, an LBFGS history). Walked: dict, list, tuple, set, deque,
+instance ``__dict__``, class ``__dict__``,
 nn.Module parameters/buffers/submodules, and a tensor's ``.grad``. Not walked: closures,
 C++-held references (autograd graphs, C extensions), objects with ``__slots__`` only. Functions
 are walked through their closure cells (``make_hook.<closure cache>[*]``).
@@ -37,7 +41,7 @@ _tracked = gc.is_tracked
 # The agent's own modules and threads (loaded privately, or in-process as flight_profiler.agent);
 # the rest of a flight_profiler package the target may import (e.g. its bundled workloads) is
 # user code like any other.
-_OURS = ("_flight_profiler_agent", "flight_profiler.agent")
+OURS = ("_flight_profiler_agent", "flight_profiler.agent")
 _CO_OPTIMIZED = 0x0001
 _EMPTY = object()
 _DEFAULT_THREAD_NAME = re.compile(r"^(?:Thread|Dummy)-\d+(?: \(.*\))?$")
@@ -61,8 +65,33 @@ class Walk:
         self.parent: dict[int, tuple[int, int, Any]] = {}
         # tensor id -> (parent container id or -1, edge kind, edge label, holder kind)
         self.found: dict[int, tuple[int, int, Any, str]] = {}
+        # root label -> (what the root is: "local" | "return", depth of its frame in its
+        # thread, 0 = outermost, -1 for a return value); a label not here is a module global
+        self.roots: dict[str, tuple[str, int]] = {}
+        # capped container id -> (its limit, its length): a deque's maxlen, an LBFGS history
+        self.caps: dict[int, tuple[int, int]] = {}
         self.visited = 0
         self.truncated = ""
+
+    def origin(self, tensor_id: int) -> tuple[str, int, tuple[int, int, int] | None] | None:
+        """(what its root is: "global" | "local" | "return", the depth of the root's frame, the
+        (id, limit, length) of its nearest capped container within 3 levels), None if unreached."""
+        hit = self.found.get(tensor_id)
+        if hit is None:
+            return None
+        pid, _kind, label, _holder = hit
+        cap = None
+        guard = 0
+        while pid != -1 and guard < 256:
+            if cap is None and guard < 3 and pid in self.caps:
+                cap = (pid, *self.caps[pid])
+            entry = self.parent.get(pid)
+            if entry is None:
+                break
+            pid, _kind, label = entry
+            guard += 1
+        what, depth = self.roots.get(str(label), ("global", -1))
+        return what, depth, cap
 
     def path(self, tensor_id: int) -> tuple[str, str, str] | None:
         """(example path, canonical path, holder kind) of a tensor, or None if unreached."""
@@ -110,14 +139,14 @@ def _render(kind: int, label: Any, canonical: bool) -> str:
     return "[*]" if canonical else f"[<{type(label).__name__}>]"
 
 
-def _module_order(modules: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """``__main__`` first, then the program's own modules, then everything installed."""
+def _module_order(modules: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """(``__main__`` then the program's own modules, everything installed)."""
     prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     main: list[tuple[str, Any]] = []
     own: list[tuple[str, Any]] = []
     libs: list[tuple[str, Any]] = []
     for name, module in modules:
-        if name.startswith(_OURS):
+        if name.startswith(OURS):
             continue  # ourselves
         if name == "__main__":
             main.append((name, module))
@@ -126,10 +155,10 @@ def _module_order(modules: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
         (libs if not path or path.startswith(prefixes) or "site-packages" in path else own).append(
             (name, module)
         )
-    return main + own + libs
+    return main + own, libs
 
 
-def _frame_prefix(thread: str, module: str, function: str) -> str:
+def frame_prefix(thread: str, module: str, function: str) -> str:
     """``main() local`` in the main thread, ``thread "server" serve() local`` elsewhere."""
     where = f"{function}()" if module == "__main__" else f"{module}.{function}()"
     if thread == "MainThread":
@@ -139,16 +168,16 @@ def _frame_prefix(thread: str, module: str, function: str) -> str:
     return f"thread {thread!r} {where} local"
 
 
-def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any], bool]]:
-    """(prefix, locals, in a library) of every running function of every thread but
-    ``skip_thread``, the program's own functions first.
+def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any], bool, int]]:
+    """(prefix, locals, in a library, depth from the thread's outermost frame) of every running
+    function of every thread but ``skip_thread``, the program's own functions first.
 
     On CPython < 3.13 ``frame.f_locals`` is a snapshot dict cached on the frame; left there it
     would keep the locals of this moment alive after they are rebound. It is emptied after
     reading (safe: nothing writes it back unless a tracer is active on that frame, checked via
     f_trace, or the function itself calls locals()/vars(), checked via co_names).
     """
-    roots: list[tuple[str, dict[str, Any], bool]] = []
+    roots: list[tuple[str, dict[str, Any], bool, int]] = []
     snapshot_semantics = sys.version_info < (3, 13)
     # The frames dict holds this very frame (and the census's own, below it): it must not
     # outlive this function, or frame -> local -> dict -> frame would be a cycle keeping every
@@ -160,7 +189,7 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any], boo
     f: Any = None
     top: Any = None
     chain: list[Any] = []
-    lib_prefixes = _library_prefixes()
+    lib_prefixes = library_prefixes()
     try:
         # The main thread first: its paths are the ones users recognise.
         for ident, top in sorted(frames.items(), key=lambda kv: names.get(kv[0]) != "MainThread"):
@@ -177,22 +206,25 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any], boo
             # name `main() local trainer`, as one taken between steps does, not `step() local
             # self` or `threading.run() local self._args`.
             chain.reverse()
+            depth_of = {id(fr): n for n, fr in enumerate(chain)}
             chain.sort(key=lambda fr: fr.f_code.co_filename.startswith(lib_prefixes))
             for f in chain:
                 code = f.f_code
                 module = str(f.f_globals.get("__name__", "?"))
                 if code.co_flags & _CO_OPTIMIZED and not code.co_filename.startswith("<flight_profiler") \
-                        and not module.startswith(_OURS):
-                    prefix = _frame_prefix(thread, module, code.co_name)
+                        and not module.startswith(OURS):
+                    prefix = frame_prefix(thread, module, code.co_name)
                     library = code.co_filename.startswith(lib_prefixes)
+                    depth = depth_of.get(id(f), -1)
                     if not snapshot_semantics:
-                        roots.append((prefix, dict(f.f_locals), library))
+                        roots.append((prefix, dict(f.f_locals), library, depth))
                     elif f.f_trace is None and "locals" not in code.co_names and "vars" not in code.co_names:
                         snap = f.f_locals
-                        roots.append((prefix, dict(snap), library))
+                        roots.append((prefix, dict(snap), library, depth))
                         snap.clear()
                         snap = None
             chain.clear()
+            depth_of.clear()
     finally:
         frames.clear()
         chain.clear()
@@ -201,7 +233,7 @@ def _frame_roots(skip_thread: int | None) -> list[tuple[str, dict[str, Any], boo
     return roots
 
 
-def _library_prefixes() -> tuple[str, ...]:
+def library_prefixes() -> tuple[str, ...]:
     """Where installed code lives: the standard library and site-packages."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -213,16 +245,21 @@ def _library_prefixes() -> tuple[str, ...]:
 
 
 def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, deadline: float,
-         skip_thread: int | None = None) -> Walk:
-    """Map each tensor in ``wanted`` (id -> tensor) to the first path that reaches it."""
+         skip_thread: int | None = None, extra_roots: list[tuple[str, Any]] | None = None) -> Walk:
+    """Map each tensor in ``wanted`` (id -> tensor) to the first path that reaches it.
+
+    ``extra_roots``: (label, value) pairs walked after the program's frames, before the
+    libraries' (the value a method just returned, when the census runs right after it)."""
     w = Walk()
     tensor_type = torch.Tensor
     module_type = getattr(getattr(torch, "nn", None), "Module", None)
+    capped_types = _capped_types(torch)
     parent = w.parent
     found = w.found
     frontier: list[Any] = []  # containers to expand at the next depth
     skip_types_tuple = (*_SKIP_TYPES, tensor_type)
     skip_memo: dict[type, bool] = {}
+    cap_memo: dict[type, bool] = {}
 
     def visit(pid: int, kind: int, label: Any, child: Any, holder_kind: str) -> None:
         cid = id(child)
@@ -246,6 +283,11 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
             return
         parent[cid] = (pid, kind, label)
         frontier.append(child)
+        capped = cap_memo.get(t)
+        if capped is None:
+            capped = cap_memo[t] = issubclass(t, capped_types)
+        if capped:
+            _note_caps(child, w.caps)
 
     def bfs() -> bool:
         nonlocal frontier
@@ -268,34 +310,82 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
             frontier = []
         return True
 
-    # Module globals first, walked to the end: their paths are stable from one census to the
-    # next. Then running functions' locals, for what no global reaches.
-    for name, module in _module_order(list(sys.modules.items())):
-        try:
-            items = list(vars(module).items())
-        except Exception:
-            continue
-        for key, value in items:
-            if type(value) not in _ATOMIC and not key.startswith("__"):
-                visit(-1, ROOT, f"{name}.{key}", value, "global")
-    if not bfs():
-        return w
-    # Then the program's running functions, walked to the end before any library function's:
+    # The program's module globals first, walked to the end: their paths are stable from one
+    # census to the next. Then the program's running functions' locals, for what no global of
+    # its own reaches; only then the libraries' globals and functions: a census cut short by its
+    # budget (a loaded machine, a huge heap) has named what the program holds, and a tensor
+    # that a library also reaches is named by the program's own variable.
+    program, libraries = _module_order(list(sys.modules.items()))
+
+    def globals_of(modules: list[tuple[str, Any]]) -> None:
+        for name, module in modules:
+            try:
+                items = list(vars(module).items())
+            except Exception:
+                continue
+            for key, value in items:
+                if type(value) not in _ATOMIC and not key.startswith("__"):
+                    visit(-1, ROOT, f"{name}.{key}", value, "global")
+
+    # The program's running functions are walked to the end before any library function's:
     # while the main thread is inside optimizer.step(), sgd()'s local `param` reaches a weight in
     # one edge and would otherwise beat `main() local trainer.model.0.weight` (three edges), and
     # a tensor's name would depend on the moment it was looked at.
     roots = _frame_roots(skip_thread)
-    for library in (False, True):
-        for prefix, local_vars, in_library in roots:
-            if in_library is library:
-                for key, value in local_vars.items():
-                    if type(value) not in _ATOMIC:
-                        visit(-1, ROOT, f"{prefix} {key}", value, "local")
-                local_vars.clear()
+    try:
+        globals_of(program)
         if not bfs():
-            break
-    roots.clear()
+            return w
+        for library in (False, True):
+            if library:
+                globals_of(libraries)
+                if not bfs():
+                    break
+            for prefix, local_vars, in_library, depth in roots:
+                if in_library is library:
+                    for key, value in local_vars.items():
+                        if type(value) not in _ATOMIC:
+                            w.roots.setdefault(f"{prefix} {key}", ("local", depth))
+                            visit(-1, ROOT, f"{prefix} {key}", value, "local")
+                    local_vars.clear()
+            if not library:
+                for label, value in extra_roots or ():
+                    w.roots.setdefault(label, ("return", -1))
+                    visit(-1, ROOT, label, value, "return")
+            if not bfs():
+                break
+    finally:
+        for root in roots:
+            root[1].clear()
+        roots.clear()
     return w
+
+
+def _capped_types(torch: Any) -> tuple[type, ...]:
+    """Containers whose length has a known limit: a deque with maxlen, LBFGS's history."""
+    lbfgs = getattr(getattr(torch, "optim", None), "LBFGS", None)
+    return (collections.deque, lbfgs) if isinstance(lbfgs, type) else (collections.deque,)
+
+
+def _note_caps(obj: Any, caps: dict[int, tuple[int, int]]) -> None:
+    """Record the limit of a capped container: a deque's maxlen; LBFGS keeps at most
+    ``history_size`` entries in each of old_dirs / old_stps / ro (al is preallocated at it)."""
+    try:
+        if isinstance(obj, collections.deque):
+            if obj.maxlen is not None:
+                caps[id(obj)] = (int(obj.maxlen), len(obj))
+            return
+        groups = object.__getattribute__(obj, "param_groups")
+        size = int(groups[0].get("history_size", 100)) if groups else 100
+        state = object.__getattribute__(obj, "state")
+        for per_param in list(state.values()):
+            if isinstance(per_param, dict):
+                for key in ("old_dirs", "old_stps", "ro", "al"):
+                    held = per_param.get(key)
+                    if type(held) is list:
+                        caps[id(held)] = (size, len(held))
+    except Exception:  # an odd or half-built object: no cap known
+        return
 
 
 def _may_hold(obj: Any, t: type) -> bool:

@@ -6,6 +6,11 @@ async generator), binds the arguments exactly as the original would, calls each 
 ``on_enter``, times the original code, and calls each ``on_exit``. Everything it needs (the
 original function, the clock, the callbacks) is one constant of its own code, so a call looks
 nothing up anywhere.
+
+A lone hook with a gate (hook_gate.py) gets a wrapper with the gate's condition written into
+it: a call the condition rejects costs a counter, the condition and the original call, no
+function call of ours. Every callback, and every inlined condition, runs behind
+``except BaseException``: nothing of ours ends or unwinds the target's thread (shield.py).
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import keyword
 import time
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
+from .hook_gate import ENTRY, RAISE, RETURN, Gate, inline
 from .hook_registry import HOOK_FILE_PREFIX, CodeType, FunctionType, Hook
 from .protocol import ERR_USAGE
 from .registry import CommandError
+from .shield import swallow
 
 _CO_VARARGS = 0x04
 _CO_VARKEYWORDS = 0x08
@@ -69,6 +76,17 @@ class _Constants(tuple[Any, ...]):
 # only for its own hooks: no dispatch loop, no per-call lookup of who is listening. The
 # constants tuple is unpacked into locals once per call (one operation; every later use is the
 # cheapest load there is). A string literal stands for it at compile time and is then replaced.
+
+
+def _error_counter(hook: Hook) -> Callable[[BaseException], None]:
+    """What the wrapper calls when a callback of ``hook`` raised: swallow and count (shield.py)."""
+    count = hook.count_error
+
+    def count_error(exc: BaseException) -> None:
+        swallow(exc)
+        count(exc)
+
+    return count_error
 
 
 def _signature_parts(code: CodeType) -> tuple[str, str, str, str]:
@@ -123,9 +141,9 @@ def _enter_lines(hooks: tuple[Hook, ...], pos: str, kw: str) -> list[str]:
         lines += [
             "try:",
             f"    __fp_t{i}__ = __fp_enter{i}__(__fp_a__, __fp_w__)",
-            "except Exception:",
+            "except BaseException as __fp_x__:",
             f"    __fp_t{i}__ = __fp_failed__",
-            f"    __fp_error{i}__()",
+            f"    __fp_error{i}__(__fp_x__)",
         ]
     lines.append("__fp_c__ = __fp_clock__()")
     return lines
@@ -137,8 +155,8 @@ def _exit_lines(hooks: tuple[Hook, ...], value: str, exc: str) -> list[str]:
         call = [
             "try:",
             f"    __fp_exit{i}__(__fp_t{i}__, {value}, {exc}, __fp_n__)",
-            "except Exception:",
-            f"    __fp_error{i}__()",
+            "except BaseException as __fp_x__:",
+            f"    __fp_error{i}__(__fp_x__)",
         ]
         if hook.on_enter is not None:
             call = [
@@ -152,6 +170,133 @@ def _exit_lines(hooks: tuple[Hook, ...], value: str, exc: str) -> list[str]:
 def _body(kind: str, hooks: tuple[Hook, ...], pos: str, kw: str, callee: str, call: str) -> list[str]:
     prologue = [f"__fp_k__ = {_K!r}", f"{', '.join(_constant_names(hooks))}, = __fp_k__"]
     return prologue + _main(kind, hooks, pos, kw, callee, call)
+
+
+def _inlined(kind: str, hooks: tuple[Hook, ...], orig: CodeType) -> _Inline | None:
+    """The gate of a lone hook, its conditions rewritten for the wrapper; None if it cannot be."""
+    if len(hooks) != 1 or hooks[0].gate is None or kind == "async_generator":
+        return None
+    gate: Gate = hooks[0].gate
+    conditions: dict[str, tuple[str, frozenset[str]]] = {}
+    for where, text in ((ENTRY, gate.entry), (RETURN, gate.exit), (RAISE, gate.exit)):
+        if text:
+            found = inline(text, orig, gate.bound_first, where)
+            if found is None:
+                return None
+            conditions[where] = found
+    return _Inline(gate, conditions)
+
+
+class _Inline:
+    """Writes the wrapper body of one gated hook (see hook_gate.py): count, the conditions in
+    place, and the callbacks for the calls that pass, each behind ``except BaseException``."""
+
+    # Constants of this layout, in order: the first four are unpacked on every call, the rest
+    # (one nested tuple) only by calls that pass the entry test.
+    FAST = ("__fp_f__", "__fp_g__", "__fp_fail__", "__fp_k2__")
+    REST = ("__fp_clock__", "__fp_nokw__", "__fp_skip__", "__fp_then__", "__fp_pass__",
+            "__fp_error__")
+
+    def __init__(self, gate: Gate, conditions: dict[str, tuple[str, frozenset[str]]]) -> None:
+        self.gate = gate
+        self.conditions = conditions
+
+    def constants(self, orig_function: FunctionType | None, hook: Hook) -> list[Any]:
+        gate = self.gate
+        rest = _Constants([_clock, _NO_KWARGS, SKIP, gate.on_pass_enter, gate.on_pass_exit,
+                           _error_counter(hook)])
+        return [orig_function, gate.state, gate.fail, rest]
+
+    def body(self, kind: str, pos: str, kw: str, callee: str, call: str) -> list[str]:
+        gate = self.gate
+        how = {"generator": "yield from ", "coroutine": "await "}.get(kind, "")
+        run = f"return ({how}{callee}({call}))"
+        binds = {"__fp_a__": f"__fp_a__ = ({pos})",
+                 "__fp_p__": "__fp_p__ = __fp_a__[1:]" if gate.bound_first else "__fp_p__ = __fp_a__",
+                 "__fp_w__": f"__fp_w__ = {{{kw}}}" if kw else "__fp_w__ = __fp_nokw__"}
+        lines = [f"__fp_k__ = {_K!r}", f"{', '.join(self.FAST)}, = __fp_k__", "__fp_g__.calls += 1"]
+        bound: set[str] = set()
+        if ENTRY in self.conditions:
+            text, needs = self.conditions[ENTRY]
+            if needs:  # __fp_nokw__ comes with the rest
+                lines.append(f"{', '.join(self.REST)}, = __fp_k2__")
+                bound.add("rest")
+            lines += self._bind(needs, binds, bound)
+            lines += self._test(text)
+            lines += ["if __fp_no__ or __fp_g__.stopped:", "    " + run]
+        else:
+            lines += ["if __fp_g__.stopped:", "    " + run]
+        if "rest" not in bound:
+            lines.append(f"{', '.join(self.REST)}, = __fp_k2__")
+        token = "(__fp_a__, __fp_w__)"
+        if gate.on_pass_enter is not None:
+            lines += self._bind({"__fp_a__", "__fp_w__"}, binds, bound)
+            lines += [
+                "try:",
+                "    __fp_t__ = __fp_then__(__fp_a__, __fp_w__)",
+                "except BaseException as __fp_x__:",
+                "    __fp_error__(__fp_x__)",
+                "    " + run,
+                "if __fp_t__ is __fp_skip__:",
+                "    " + run,
+            ]
+            token = "__fp_t__"
+        lines += [
+            "__fp_c__ = __fp_clock__()",
+            "try:",
+            f"    __fp_r__ = {how}{callee}({call})",
+            "except BaseException as __fp_e__:",
+            "    __fp_n__ = __fp_clock__() - __fp_c__",
+            *("    " + ln for ln in self._exit(RAISE, "None", "__fp_e__", token, binds, set(bound))),
+            "    raise",
+        ]
+        if gate.raised_only:
+            return [*lines, "return __fp_r__"]
+        return [
+            *lines,
+            "__fp_n__ = __fp_clock__() - __fp_c__",
+            *self._exit(RETURN, "__fp_r__", "None", token, binds, set(bound)),
+            "return __fp_r__",
+        ]
+
+    def _exit(self, where: str, value: str, exc: str, token: str, binds: dict[str, str],
+              bound: set[str]) -> list[str]:
+        lines: list[str] = []
+        indent = ""
+        if where in self.conditions:
+            text, needs = self.conditions[where]
+            lines += self._bind(needs, binds, bound)
+            lines += self._test(text)
+            lines.append("if not __fp_no__:")
+            indent = "    "
+        if token != "__fp_t__":
+            lines += [indent + ln for ln in self._bind({"__fp_a__", "__fp_w__"}, binds, bound)]
+        lines += [
+            indent + "try:",
+            indent + f"    __fp_pass__({token}, {value}, {exc}, __fp_n__)",
+            indent + "except BaseException as __fp_x__:",
+            indent + "    __fp_error__(__fp_x__)",
+        ]
+        return lines
+
+    @staticmethod
+    def _bind(needs: set[str] | frozenset[str], binds: dict[str, str], bound: set[str]) -> list[str]:
+        lines = []
+        for name in ("__fp_a__", "__fp_p__", "__fp_w__"):  # __fp_p__ is made of __fp_a__
+            wanted = name in needs or (name == "__fp_a__" and "__fp_p__" in needs)
+            if wanted and name not in bound:
+                lines.append(binds[name])
+                bound.add(name)
+        return lines
+
+    @staticmethod
+    def _test(text: str) -> list[str]:
+        return [
+            "try:",
+            f"    __fp_no__ = not {text}",
+            "except BaseException as __fp_x__:",
+            "    __fp_no__ = __fp_fail__(__fp_x__)",
+        ]
 
 
 def _main(kind: str, hooks: tuple[Hook, ...], pos: str, kw: str, callee: str, call: str) -> list[str]:
@@ -232,6 +377,7 @@ def make_wrapper(
     """
     params, pos, kw, call = _signature_parts(orig)
     kind = _kind(orig)
+    inlined = _inlined(kind, hooks, orig)
     free = orig.co_freevars
     lines = ["def __fp_outer__():"]
     if free:
@@ -246,14 +392,19 @@ def make_wrapper(
         callee = "__fp_orig__"
     else:
         callee = "__fp_f__"
-    lines += ["        " + ln for ln in _body(kind, hooks, pos, kw, callee, call)]
+    body = (inlined.body(kind, pos, kw, callee, call) if inlined is not None
+            else _body(kind, hooks, pos, kw, callee, call))
+    lines += ["        " + ln for ln in body]
     lines.append("    return __fp_wrapper__")
     filename = f"{HOOK_FILE_PREFIX} of {orig.co_filename}:{orig.co_firstlineno}>"
     outer = compile("\n".join(lines) + "\n", filename, "exec", dont_inherit=True)
     wrapper = _find_code(_find_code(outer, "__fp_outer__"), "__fp_wrapper__")
-    constants: list[Any] = [orig_function, _clock, _FAILED, _NO_KWARGS, SKIP]
-    for hook in hooks:
-        constants += [hook.on_enter, hook.on_exit, hook.count_error]
+    if inlined is not None:
+        constants = inlined.constants(orig_function, hooks[0])
+    else:
+        constants = [orig_function, _clock, _FAILED, _NO_KWARGS, SKIP]
+        for hook in hooks:
+            constants += [hook.on_enter, hook.on_exit, _error_counter(hook)]
     consts = []
     for const in wrapper.co_consts:
         if isinstance(const, str) and const == _K:

@@ -24,17 +24,24 @@ HOOK_FILE_PREFIX = "<flight_profiler hook"  # co_filename of every wrapper code 
 
 
 class Hook:
-    """One observer of one function (several may share a function)."""
+    """One observer of one function (several may share a function).
 
-    __slots__ = ("active", "errors", "on_enter", "on_exit")
+    ``gate`` (optional, a ``hook_gate.Gate``): the same observer split into a filter the
+    wrapper can run inline and the callbacks for the calls that pass it; ``on_enter`` and
+    ``on_exit`` must still do everything themselves (filter included) for when it cannot.
+    """
 
-    def __init__(self, on_enter: OnEnter | None, on_exit: OnExit) -> None:
+    __slots__ = ("active", "errors", "gate", "on_enter", "on_exit")
+
+    def __init__(self, on_enter: OnEnter | None, on_exit: OnExit, gate: Any = None) -> None:
         self.on_enter = on_enter
         self.on_exit = on_exit
+        self.gate = gate
         self.active = True
         self.errors = 0
 
-    def count_error(self) -> None:
+    def count_error(self, exc: BaseException) -> None:
+        """A callback raised ``exc`` on the target's thread and it was swallowed (shield.py)."""
         self.errors += 1
 
 

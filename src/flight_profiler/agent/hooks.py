@@ -16,8 +16,11 @@
   finishes; ``return_value`` is its ``return`` value (StopIteration's value), ``exception`` what
   ended it (``GeneratorExit`` when it was closed early, e.g. a ``for`` loop's ``break``), and
   ``elapsed_ns`` is wall time from start to end, time spent suspended included.
-* Exceptions raised by the callbacks are counted (``Hook.errors``) and swallowed; they never
-  reach the target's thread. ``KeyboardInterrupt``/``SystemExit`` belong to the target and pass.
+* Exceptions raised by the callbacks, any ``BaseException`` (``SystemExit``,
+  ``KeyboardInterrupt``, ``GeneratorExit`` included), are counted (``Hook.errors``) and
+  swallowed: they never end, interrupt or unwind the target's thread. The one exception is what
+  the target's own signal handler raised while a callback ran (Ctrl-C): it goes on to the target
+  as it would have without us (shield.py). The function's own exceptions pass unchanged.
 * ``remove()`` is idempotent; once the last hook of a function is removed its ``__code__`` is
   the very object it was before (identity, not just equality). A call already running when
   ``remove()`` returns may still deliver its ``on_exit`` (callers ignore late exits).
@@ -41,7 +44,11 @@ swapped too.
 Why not ``sys.monitoring`` on 3.12+: its PY_START event does not carry the arguments (reading
 them back through the frame costs more than this whole wrapper), and PY_UNWIND (a function
 ending by an exception) can only be enabled globally, which would make every function in the
-process pay. Measured in bench/bench_watch.py.
+process pay. "Disabled locations cost nothing" helps only code nobody needs to see: a filter must
+see every call, and the wrapper with the filter written into it (hook_gate.py) rejects one for
+less than a monitoring callback costs. trace needs events from every function the traced call
+reaches, not one code object's, and monitoring events are interpreter-wide (every thread would
+pay), where ``sys.setprofile`` is the calling thread's alone. Measured in bench/bench_watch.py.
 
 Visible while hooked: one extra frame (file ``<flight_profiler hook ...>``) between a caller and
 the hooked function in tracebacks and ``sys._getframe``, and ``inspect.getsource`` of the
@@ -57,6 +64,7 @@ import weakref
 
 from . import hook_registry
 from .hook_codegen import SKIP, make_wrapper, replace_const
+from .hook_gate import Gate
 from .hook_registry import (
     CodeType,
     FunctionType,
@@ -171,13 +179,16 @@ class Removal:
                 del _patches[self._key]
 
 
-def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit) -> Removal:
+def install(target: Target, on_enter: OnEnter | None, on_exit: OnExit,
+            gate: Gate | None = None) -> Removal:
     """Start observing ``target``; returns ``remove()`` (idempotent).
 
     ``on_enter`` may be None: the token passed to ``on_exit`` is then ``(args, kwargs)``,
-    which spares a call per observed call.
+    which spares a call per observed call. ``gate``: the same observer as a filter the wrapper
+    runs inline when this is the function's only hook (hook_gate.py); ``on_enter``/``on_exit``
+    must do the same on their own, for when it is not.
     """
-    hook = Hook(on_enter, on_exit)
+    hook = Hook(on_enter, on_exit, gate)
     key = (id(target.function), id(target.code)) if target.is_nested else (id(target.function),)
     with _lock:
         patch = _patches.get(key)

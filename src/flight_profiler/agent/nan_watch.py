@@ -60,6 +60,17 @@ def _parse_traceback(lines: Any) -> list[str]:
     return out[-_MAX_FRAMES:]
 
 
+# Ops whose output is uninitialised memory: whatever bits it holds (NaN included) are not a
+# result, so judging them named `aten.empty.memory_format` as the first NaN by chance.
+_UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                            "new_empty_strided", "resize_", "resize_as_"})
+
+
+def _uninitialised(func: Any) -> bool:
+    parts = str(func).split(".")
+    return len(parts) >= 2 and parts[1] in _UNINITIALISED
+
+
 def make_watch(torch: Any) -> Any:
     """A fresh dispatch mode instance (the class needs torch, which is only known at run time)."""
     dispatch = sys.modules.get("torch.utils._python_dispatch")
@@ -87,6 +98,8 @@ def make_watch(torch: Any) -> Any:
             return out
 
         def _check(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+            if _uninitialised(func):
+                return
             outs = out if isinstance(out, (list, tuple)) else (out,)
             bad = [o for o in outs if self._bad(o)]
             if not bad:

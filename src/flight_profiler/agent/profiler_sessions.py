@@ -4,32 +4,69 @@
 ``roles[i]`` says what call i is for: "active" (profiled and kept), "warmup" (profiled and
 dropped: the first sessions pay kineto's start-up), "wait" (not profiled). Active calls are
 wrapped in a ``ProfilerStep#i`` record_function when ``steps`` is set, as torch.profiler's own
-schedule does. ``stop()`` only ends collection (PyTorch parses results lazily); exporting
+schedule does, and in a ``mark`` annotation when one is given (step_marks.CALL_MARK: the report
+then knows these steps are calls of a method). ``stop()`` only ends collection (PyTorch parses results lazily); exporting
 happens later in the agent's thread. ``finish()`` returns the kept sessions and makes any late
 one (a call still in flight after a cancel) be discarded when it ends.
+
+Except with CUDA activity: a session exported after a newer one has started comes back with
+every GPU event at ts=0, dur=0 (measured on an H100, torch 2.11: 3 sessions exported at the
+end gave 16 of 16 kernels at ts=0 in the first two, none in the last; exported each right after
+its stop, none). So with ``export_dir`` set, a CUDA session is exported in ``stop()``, on the
+call's thread after the call has ended, and kept as an ``ExportedSession`` (its file).
+
+Every session starts through ``start_profiler``: see there for the crash it prevents.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import sys
+import tempfile
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from .call_window import Sessions
 from .torch_support import QuietStderr, quiet_native_stderr
 
 
+class ExportedSession:
+    """A profiler session already exported to a temp file; ``export_chrome_trace`` moves it into
+    place (same directory: a rename). The file is removed if nobody takes it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._finalizer = weakref.finalize(self, _unlink, path)
+
+    def export_chrome_trace(self, dest: str) -> None:
+        os.replace(self.path, dest)
+        self._finalizer.detach()
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 class PerCall:
     def __init__(self, torch: Any, kwargs: dict[str, Any], roles: list[str] | None = None,
-                 steps: bool = False, sync_cuda: bool = False) -> None:
+                 steps: bool = False, sync_cuda: bool = False, mark: str | None = None,
+                 export_dir: str | None = None) -> None:
         self.torch = torch
+        self.mark = mark
         self.kwargs = kwargs
         self.roles = roles
         self.steps = steps
         self.sync_cuda = sync_cuda
+        self.export_dir = export_dir if sync_cuda else None
         # profile_memory makes c10 log a "Memory block of unknown size" line when a block from
         # before the session is freed during it: stderr stays filtered for each such call.
         self.quiet_calls = bool(kwargs.get("profile_memory"))
         self.sessions = Sessions()
-        self._live: dict[int, tuple[Any, Any, Any]] = {}  # index -> (prof, step, quiet)
+        self._live: dict[int, tuple[Any, list[Any], Any]] = {}  # index -> (prof, spans, quiet)
 
     def role(self, index: int) -> str:
         return self.roles[index] if self.roles is not None and index < len(self.roles) else "active"
@@ -41,35 +78,47 @@ class PerCall:
         quiet = QuietStderr(python_warnings=False) if self.quiet_calls else None
         try:
             prof = self.torch.profiler.profile(**self.kwargs)
-            with quiet_native_stderr():
-                prof.start()
+            start_profiler(prof)
         except BaseException:
             if quiet is not None:
                 quiet.close()
             raise
-        step = None
-        if self.steps and role == "active":
-            step = self.torch.autograd.profiler.record_function(f"ProfilerStep#{index}")
-            step.__enter__()
-        self._live[index] = (prof, step, quiet)
+        spans = []
+        if role == "active":
+            names = ([f"ProfilerStep#{index}"] if self.steps else []) + ([self.mark] if self.mark else [])
+            for name in names:
+                span = self.torch.autograd.profiler.record_function(name)
+                span.__enter__()
+                spans.append(span)
+        self._live[index] = (prof, spans, quiet)
 
     def stop(self, index: int) -> None:
         entry = self._live.pop(index, None)
         if entry is None:
             return
-        prof, step, quiet = entry
+        prof, spans, quiet = entry
         try:
-            if step is not None:
-                step.__exit__(None, None, None)
+            for span in reversed(spans):
+                span.__exit__(None, None, None)
             if self.sync_cuda:
                 self.torch.cuda.synchronize()
-            with quiet_native_stderr():
-                prof.stop()
+            stop_profiler(prof)
         finally:
             if quiet is not None:
                 quiet.close()
-        if self.role(index) == "active":
-            self.sessions.keep(index, prof)
+        if self.role(index) != "active":
+            return
+        if self.export_dir is not None:
+            prof = self._export_now(prof)
+        self.sessions.keep(index, prof)
+
+    def _export_now(self, prof: Any) -> ExportedSession:
+        fd, tmp = tempfile.mkstemp(prefix=".fp-session-", suffix=".json", dir=self.export_dir)
+        os.close(fd)
+        session = ExportedSession(tmp)
+        with quiet_native_stderr():
+            prof.export_chrome_trace(tmp)
+        return session
 
     def finish(self) -> list[Any]:
         """The kept sessions in call order; a call still in flight is dropped when it ends."""
@@ -77,6 +126,49 @@ class PerCall:
             if quiet is not None:
                 quiet.close()  # the target gets its stderr back now, whatever that call does
         return [prof for _, prof in self.sessions.close()]
+
+
+# Long enough that no thread waiting for the GIL asks for it while a session starts.
+_NO_SWITCH_S = 1000.0
+
+
+@contextlib.contextmanager
+def no_other_python() -> Iterator[None]:
+    """No other Python thread runs in this thread's C calls meanwhile: the garbage collector is
+    off (a collection runs finalizers, whose bytecode hands the GIL over at the next switch) and
+    the switch interval is raised (no thread asks for the GIL in between). Both are put back."""
+    was_enabled = gc.isenabled()
+    interval = sys.getswitchinterval()
+    gc.disable()
+    sys.setswitchinterval(_NO_SWITCH_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        if was_enabled:
+            gc.enable()
+
+
+def start_profiler(prof: Any) -> None:
+    """``prof.start()`` without the crash it can cause in a busy process.
+
+    With ``with_stack``, starting a session walks every Python thread's frames (torch's
+    PythonTracer) and materialises a frame object for each. On CPython <= 3.11 an allocation may
+    run the garbage collector right there, and a finalizer's bytecode may hand the GIL over: the
+    other threads then run in the middle of the walk, return from frames it holds, and the walk
+    follows a frame that is gone. Seen as a rank of a DDP trainer killed by SIGSEGV or SIGABRT
+    (``PyFrame_GetBack`` on a freed frame; torch's ``frame_refcount >= 2`` assertion): 1 of 62
+    diagnoses here, 1 in 14 in issue 20; the core dump shows the walk holding the finished frames
+    of the DataLoader's prefetch thread (bench/stress_ddp_diagnose.py). No collection and no
+    switch during the start: the walk sees every thread as it is, as torch expects."""
+    with no_other_python(), quiet_native_stderr():
+        prof.start()
+
+
+def stop_profiler(prof: Any) -> None:
+    """``prof.stop()`` likewise: it takes the tracer off every thread's state in turn."""
+    with no_other_python(), quiet_native_stderr():
+        prof.stop()
 
 
 def schedule_roles(wait: int, warmup: int, active: int, repeat: int) -> list[str]:

@@ -51,6 +51,43 @@ def socket_dir(uid: int, root: str = "/") -> str:
     return os.path.join(root, "tmp", f"flight_profiler-{uid}")
 
 
+def mixed_uids(uids: tuple[int, ...]) -> bool:
+    """Whether a process's real, effective, saved and file-system uids differ (``/proc/PID/
+    status`` ``Uid:``): a root job that called ``seteuid(1000)`` keeps real and saved uid 0 and
+    can take root back at any moment."""
+    return len(set(uids)) > 1
+
+
+def home_uid(uids: tuple[int, ...]) -> int:
+    """Whose private directory holds a process's agent socket and log: its one uid, or root's
+    for a process with mixed uids (only root may talk to such an agent: see ``serves``)."""
+    return 0 if mixed_uids(uids) else uids[0]
+
+
+def serves(peer_uid: int, uids: tuple[int, ...], proc_owner: int) -> bool:
+    """Whether the agent of a process with ``uids`` may serve a client of ``peer_uid``.
+
+    What the kernel weighs before it lets a user ptrace the process, and no more: root always;
+    another user only if every one of the process's uids is theirs and the process is
+    dumpable (``proc_owner``, the owner of ``/proc/PID``, is then that uid; the kernel makes
+    it root's for a process that changed uids or called ``prctl(PR_SET_DUMPABLE, 0)``).
+    """
+    if peer_uid == 0:
+        return True
+    return not mixed_uids(uids) and peer_uid == uids[0] and proc_owner == peer_uid
+
+
+def process_uids(pid: int | str = "self") -> tuple[int, int, int, int]:
+    """Real, effective, saved and file-system uids of ``pid`` (``Uid:`` of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Uid:"):
+                ids = [int(x) for x in line.split()[1:5]]
+                if len(ids) == 4:
+                    return (ids[0], ids[1], ids[2], ids[3])
+    raise ValueError(f"no Uid line in /proc/{pid}/status")
+
+
 def pid_namespace(pid: int | str = "self") -> int:
     """Inode of ``pid``'s pid namespace (0 if unknown): two processes with the same pid in two
     namespaces (containers sharing /tmp, both pid 1) differ by it."""
@@ -99,8 +136,13 @@ def process_start_time(pid: int) -> int:
     return int(rest[19])
 
 
+# One encoder for every frame: json.dumps with options builds a JSONEncoder per call, a good
+# part of a small event's cost when a watch streams thousands a second (encode is reentrant).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":"), default=str).encode("utf-8")
+    body = _ENCODER.encode(message).encode("utf-8")
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME_BYTES} limit")
     return _HEADER.pack(len(body)) + body

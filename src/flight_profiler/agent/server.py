@@ -2,13 +2,20 @@
 
 Security: the socket lives in a directory only the target's user can enter (0700, owned by that
 uid, checked with lstat so a planted symlink is refused), the socket itself is 0600, and every
-connection's peer uid (SO_PEERCRED) must be root or the target's uid. JSON frames only.
+connection's peer uid (SO_PEERCRED) must be one the kernel would let ptrace the process: root,
+or its user if all its uids are that user's (``credentials``). A process with mixed uids (a root
+job that called seteuid) is served to root alone, from root's directory. JSON frames only.
 
 Each connection gets a reader thread; each request runs in its own worker thread so that the
 reader can still see ``cancel`` or a disconnect and cancel the request. ``detach`` removes every
 hook, closes the socket and ends the threads: a later attach injects afresh.
 
-Logs go to protocol.log_path only (bounded: one rotation), never to the target's stdout/stderr.
+Logs go to protocol.log_path only (bounded: one rotation), never to the target's stdout/stderr,
+and only if that is a regular file (agent_log.py).
+
+Availability: at most MAX_CONNECTIONS connections are served at once (the extra ones get an
+error frame saying so, and are closed), a handshake has one deadline however slowly its bytes
+come, and no failure with one connection (a thread that cannot start) ends the accept loop.
 
 The socket can vanish under a running agent (a tmp cleaner; a twin in another pid namespace once
 shared the name): a later attach runs the bootstrap again, whose ``start`` finds the server
@@ -18,9 +25,9 @@ running and binds it a fresh socket. Sockets are named after the pid namespace a
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import logging
-import logging.handlers
 import os
 import socket
 import stat
@@ -28,16 +35,21 @@ import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
-from . import limits, protocol, registry
+from . import agent_log, credentials, limits, protocol, registry
 from .outbox import Outbox
 
 AGENT_VERSION = "0.1.0"
 THREAD_PREFIX = "flight_profiler-"  # the agent's threads; `stack` hides them by default
-_HELLO_TIMEOUT = 10.0
+_HELLO_TIMEOUT = 10.0  # the whole handshake, however slowly its bytes come
+# Connections served at once (each has a thread, and a request two more). The CLI uses one per
+# command or shell; a few sessions side by side fit. Beyond it a connection is told why and
+# closed, so a flood of idle connections cannot multiply the target's threads.
+MAX_CONNECTIONS = 8
+_REFUSED_GRACE = 1.0  # a refused connection stays open (write side shut) this long, for the
+#                       client to read why before it sees the end
 _UCRED = struct.Struct("3i")
-_LOG_BYTES = 1 << 20  # the log rotates once past this: at most twice this on disk
 
 log = logging.getLogger("flight_profiler.agent")
 
@@ -51,7 +63,7 @@ _in_use_fd: int | None = None
 class Server:
     def __init__(self, params: dict[str, Any]) -> None:
         self.pid = os.getpid()
-        self.uid = os.geteuid()
+        self.uid = credentials.home_uid()  # whose directory holds the socket and log
         self.start_time = protocol.process_start_time(self.pid)
         self.directory = protocol.socket_dir(self.uid)
         self.path = _socket_path(self.directory, params)
@@ -65,6 +77,8 @@ class Server:
         self._live: set[Connection] = set()  # connections past the handshake
         self._conns_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._refused: collections.deque[tuple[float, socket.socket]] = collections.deque()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
@@ -76,6 +90,9 @@ class Server:
         log.info("agent %s listening on %s", AGENT_VERSION, self.path)
 
     def _bind(self) -> socket.socket:
+        return credentials.as_home(self.uid, self._bind_in_home)
+
+    def _bind_in_home(self) -> socket.socket:
         ensure_private_dir(self.directory, self.uid)
         tmp = os.path.join(self.directory, f".agent-{self.pid}-{threading.get_ident()}.tmp")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -106,7 +123,7 @@ class Server:
         old_path, self.path = self.path, path
         if old_path != path and self.socket_intact_at(old_path):
             with contextlib.suppress(OSError):
-                os.unlink(old_path)
+                credentials.as_home(self.uid, lambda: os.unlink(old_path))
         listener = self._bind()
         old, self.listener = self.listener, listener
         if old is not None:  # wakes the accept loop, which then takes the new listener
@@ -116,7 +133,7 @@ class Server:
 
     def socket_intact_at(self, path: str) -> bool:
         try:
-            st = os.lstat(path)
+            st = credentials.as_home(self.uid, lambda: os.lstat(path))
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self._bound
@@ -156,7 +173,7 @@ class Server:
         if os.getpid() != self.pid or not self.socket_intact():
             return
         with contextlib.suppress(OSError):
-            os.unlink(self.path)
+            credentials.as_home(self.uid, lambda: os.unlink(self.path))
 
     # -- serving -------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -166,12 +183,19 @@ class Server:
             log.exception("server thread failed")
 
     def _accept_loop(self) -> None:
+        """Accept until stopped. Nothing that goes wrong with one connection (no thread can be
+        started for it, say, when the address space is squeezed) ends the loop: it would leave
+        the agent unreachable for good, detach included."""
         while not self._stopping.is_set():
             listener = self.listener
             if listener is None:
                 break
             try:
+                self._close_refused(all_of_them=False)
+                listener.settimeout(_REFUSED_GRACE / 2 if self._refused else None)
                 conn, _ = listener.accept()
+            except socket.timeout:
+                continue
             except OSError:
                 if self._stopping.is_set():
                     break
@@ -179,17 +203,72 @@ class Server:
                     continue  # rebound: serve the new socket
                 time.sleep(0.05)  # e.g. EMFILE: do not spin
                 continue
-            threading.Thread(
-                target=self._serve_connection, args=(conn,), name=THREAD_PREFIX + "conn",
-                daemon=True,
-            ).start()
+            except BaseException:
+                log.exception("accept failed")
+                time.sleep(0.05)
+                continue
+            self._start_connection(conn)
+        self._close_refused(all_of_them=True)
+
+    def _start_connection(self, conn: socket.socket) -> None:
+        try:
+            if not self._slots.acquire(blocking=False):
+                log.warning("refused a connection: %d already open", MAX_CONNECTIONS)
+                self._refuse(conn, f"the agent already serves {MAX_CONNECTIONS} connections, "
+                             "its limit", "close other flight_profiler sessions on this "
+                             "process (shells, watches), or retry when they end")
+                return
+            try:
+                threading.Thread(
+                    target=self._serve_slot, args=(conn,), name=THREAD_PREFIX + "conn",
+                    daemon=True,
+                ).start()
+            except BaseException as exc:
+                self._slots.release()
+                log.warning("cannot start a connection thread: %s: %s", type(exc).__name__, exc)
+                self._refuse(conn, "the agent could not start a thread for this connection "
+                             f"({type(exc).__name__}: {exc})", "the process is short of memory "
+                             "or threads: retry in a moment")
+        except BaseException:
+            log.exception("connection set-up failed")
+            _shutdown_quietly(conn)
+            conn.close()
+            time.sleep(0.05)
+
+    def _serve_slot(self, conn: socket.socket) -> None:
+        try:
+            self._serve_connection(conn)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, conn: socket.socket, message: str, hint: str) -> None:
+        """Say why in one error frame (never waiting for the client), shut our side, and close
+        it a moment later: closed at once, the client's hello could meet a broken pipe before
+        it reads why."""
+        try:
+            conn.setblocking(False)
+            conn.send(protocol.encode({"type": "error", "id": None, "error": {
+                "kind": protocol.ERR_FAILED, "message": message, "hint": hint}}))
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        if len(self._refused) >= 4 * MAX_CONNECTIONS:  # a flood: no grace for the oldest
+            _, oldest = self._refused.popleft()
+            oldest.close()
+        self._refused.append((time.monotonic() + _REFUSED_GRACE, conn))
+
+    def _close_refused(self, all_of_them: bool) -> None:
+        now = time.monotonic()
+        while self._refused and (all_of_them or self._refused[0][0] <= now):
+            _, conn = self._refused.popleft()
+            conn.close()
 
     def _serve_connection(self, conn: socket.socket) -> None:
         with self._conns_lock:
             self._conns.add(conn)
         try:
             peer_uid = self._peer_uid(conn)
-            if peer_uid not in (0, self.uid):
+            if not credentials.may_connect(peer_uid):
                 log.warning("refused a connection from uid %s", peer_uid)
                 return
             connection = Connection(self, conn)
@@ -240,13 +319,18 @@ class Connection:
         self._busy = False  # a request is running (cleared before its final message is sent)
 
     def send(self, message: dict[str, Any]) -> None:
-        data = protocol.encode(message)
+        self.send_bytes(protocol.encode(message))
+
+    def send_bytes(self, data: bytes) -> None:
+        """Write whole frames (one or several) at once."""
         with self._send_lock:
             self.conn.sendall(data)
 
     def run(self) -> None:
-        self.conn.settimeout(_HELLO_TIMEOUT)
-        hello = protocol.recv(self.conn, limits.MAX_REQUEST_BYTES)
+        # One deadline for the whole handshake: a client trickling a byte at a time must not
+        # hold a connection (and its thread) for longer.
+        reader = cast(socket.socket, _Deadline(self.conn, time.monotonic() + _HELLO_TIMEOUT))
+        hello = protocol.recv(reader, limits.MAX_REQUEST_BYTES)
         if hello is None or hello.get("type") != "hello":
             return
         self.send(self.server.hello())
@@ -293,15 +377,24 @@ class Connection:
             self._error(req_id, protocol.ERR_USAGE, f"{cmd}: request refused: {problem}",
                         "shorten or simplify it")
             return True
-        outbox = Outbox(self.send, req_id, THREAD_PREFIX + "events")
+        outbox = Outbox(self.send, req_id, THREAD_PREFIX + "events", encode=protocol.encode,
+                        send_bytes=self.send_bytes)
         ctx = registry.Context(args if isinstance(args, dict) else {},
                                emit=outbox.emit, agent=self.server.state)
-        self._ctx, self._req_id, self._busy = ctx, req_id, True
-        self._worker = threading.Thread(
+        worker = threading.Thread(
             target=self._run_request, args=(ctx, req_id, cmd, outbox),
             name=THREAD_PREFIX + "request", daemon=True,
         )
-        self._worker.start()
+        self._ctx, self._req_id, self._busy, self._worker = ctx, req_id, True, worker
+        try:
+            worker.start()
+        except BaseException as exc:  # no thread to spare: say so, keep the connection
+            self._ctx, self._busy, self._worker = None, False, None
+            log.warning("%s: cannot start its thread: %s: %s", cmd, type(exc).__name__, exc)
+            self._error(req_id, protocol.ERR_FAILED,
+                        f"{cmd}: the agent could not start a thread for it "
+                        f"({type(exc).__name__}: {exc})",
+                        "the process is short of memory or threads: retry in a moment")
         return True
 
     def _run_request(self, ctx: registry.Context, req_id: Any, cmd: str, outbox: Outbox) -> None:
@@ -349,6 +442,21 @@ class Connection:
             worker.join(timeout)
 
 
+class _Deadline:
+    """A socket whose every recv waits at most until one deadline (protocol.recv reads a frame
+    in several recv calls; a per-call timeout would restart with each byte)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+
+    def recv(self, size: int) -> bytes:
+        # A little time even when late: a hello already waiting is still read, however long
+        # this thread waited for the GIL.
+        self.sock.settimeout(max(self.deadline - time.monotonic(), 0.01))
+        return self.sock.recv(size)
+
+
 def ensure_private_dir(directory: str, uid: int) -> None:
     """Create ``directory`` 0700, or accept it only if it is a real directory of ``uid``, 0700."""
     with contextlib.suppress(FileExistsError):
@@ -365,18 +473,6 @@ def ensure_private_dir(directory: str, uid: int) -> None:
 def _shutdown_quietly(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-
-
-def _setup_logging(path: str) -> None:
-    log.propagate = False  # never reach the target's own handlers (they may print)
-    log.setLevel(logging.INFO)
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
-        handler.close()
-    handler = logging.handlers.RotatingFileHandler(path, maxBytes=_LOG_BYTES, backupCount=1,
-                                                   encoding="utf-8", delay=True)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
-    log.addHandler(handler)
 
 
 def _after_fork_in_child() -> None:
@@ -453,10 +549,10 @@ def start(params: dict[str, Any]) -> None:
             assert _server is not None
             _server.rebind(params)
             return
-        uid = os.geteuid()
-        ensure_private_dir(protocol.socket_dir(uid), uid)
+        uid = credentials.home_uid()
+        credentials.as_home(uid, lambda: ensure_private_dir(protocol.socket_dir(uid), uid))
         server = Server(params)
-        _setup_logging(server.log_path)
+        agent_log.setup(log, server.log_path, uid)
         _hold_staged_copy(params)
         server.open()
         _server = server

@@ -23,7 +23,7 @@ import warnings
 import weakref
 from typing import Any
 
-from . import holder_paths
+from . import census_history, holder_paths
 from .graph_limits import safe_graph_nodes
 
 FORMAT = "flight_profiler.census"
@@ -165,9 +165,13 @@ class _Graphs:
 
 def take(torch: Any, label: str = "", seconds: float = 5.0, max_objects: int = 20_000_000,
          walk_objects: int = 2_000_000, graph_nodes: int | None = None,
-         max_depth: int = 12) -> dict[str, Any]:
+         max_depth: int = 12, previous_id: str | None = None,
+         extra_roots: list[tuple[str, Any]] | None = None, moment: str = "") -> dict[str, Any]:
     """The census document. Runs while no thread can be inside a torch op (safepoint.py);
-    pauses the cyclic GC meanwhile."""
+    pauses the cyclic GC meanwhile. ``previous_id``: the census_id of an earlier census of this
+    process, to say per holder what it still holds and whether its graph is chained to the one
+    it held then (census_history.py); ``extra_roots``: (label, value) walked as roots (a value
+    a method just returned); ``moment``: when it was taken, said in the document."""
     started = time.monotonic()
     # Never more graph nodes than freeing them later can survive (graph_limits.py).
     budget = Budget(seconds, max_objects, walk_objects,
@@ -188,7 +192,10 @@ def take(torch: Any, label: str = "", seconds: float = 5.0, max_objects: int = 2
                     skipped.append(f"{before - len(tensors)} tensor objects made by an earlier "
                                    "census's graph walk left out (their memory is in graph_bytes)")
             try:
-                return _census(torch, tensors, unscanned, budget, skipped, label, started, max_depth)
+                doc = _census(torch, tensors, unscanned, budget, skipped, label, started, max_depth,
+                              previous_id, extra_roots)
+                doc["moment"] = moment or "at a safe point"
+                return doc
             finally:
                 del tensors
     finally:
@@ -197,7 +204,8 @@ def take(torch: Any, label: str = "", seconds: float = 5.0, max_objects: int = 2
 
 
 def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skipped: list[str],
-            label: str, started: float, max_depth: int) -> dict[str, Any]:
+            label: str, started: float, max_depth: int, previous_id: str | None,
+            extra_roots: list[tuple[str, Any]] | None) -> dict[str, Any]:
     disable_subclass = getattr(torch._C, "DisableTorchFunctionSubclass", None)
     rows: list[tuple[str, str, tuple[int, ...], Any, int, bool, int]] = []
     owner: dict[Any, tuple[int, int]] = {}  # storage key -> (row index, tensor nbytes)
@@ -229,21 +237,26 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
     wanted = {id(t): t for t in tensors}
     # The agent's threads are left out by name; the thread running this (the main thread at a
     # pending call) keeps its user frames, below the census's own.
-    w = holder_paths.walk(torch, wanted, budget.walk_objects, max_depth, budget.deadline)
+    w = holder_paths.walk(torch, wanted, budget.walk_objects, max_depth, budget.deadline,
+                          extra_roots=extra_roots)
     wanted.clear()
+    holders_complete = not w.truncated
     if w.truncated:
         skipped.append(w.truncated)
     paths = {row[6]: w.path(row[6]) for row in rows}
+    origins = {tid: w.origin(tid) for tid, where in paths.items() if where is not None}
     w.parent.clear()
     w.found.clear()
     reached = {row[3] for row in rows if row[3] is not None and paths[row[6]] is not None}
 
     # Retained autograd graphs: saved tensors no holder explains, charged to the first root
-    # (reached roots first) whose graph reaches them.
+    # (reached roots first) whose graph reaches them; among those, the tensor made first (its
+    # node's sequence number) first: a carried state (h_k-1) owns the history it shares with
+    # what was computed from it (the output of step k), whichever local the walk found first.
     graphs = _Graphs(torch, reached, budget)
     graphs.existing = {id(t) for t in tensors}
     graph_of: dict[int, int] = {}
-    for t in sorted(tensors, key=lambda t: paths.get(id(t)) is None):
+    for t in sorted(tensors, key=lambda t: (paths.get(id(t)) is None, _made_at(t))):
         fn = getattr(t, "grad_fn", None)
         if fn is not None:
             graph_of[id(t)] = graphs.bytes_from(fn)
@@ -254,6 +267,7 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
     if graphs.truncated:
         skipped.append(f"autograd graph walk stopped at {budget.graph_nodes} nodes or the deadline")
 
+    members = _Members()
     totals: dict[str, Any] = {"count": 0, "bytes": 0, "with_grad_fn": 0, "graph_bytes": 0, "by_device": {}}
     groups: dict[tuple[str, str, tuple[int, ...]], dict[str, Any]] = {}
     holders: dict[str, dict[str, Any]] = {}
@@ -284,11 +298,23 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
             holder = holders[canonical] = {
                 "path": canonical, "example": example, "kind": kind, "count": 0, "bytes": 0,
                 "with_grad_fn": 0, "graph_bytes": 0}
+            _root(holder, origins.get(tid))
         holder["count"] += 1
         holder["bytes"] += b
         holder["with_grad_fn"] += has_fn
         holder["graph_bytes"] += g_bytes
+        members.note(canonical, tid, has_fn, origins.get(tid))
     paths.clear()
+    origins.clear()
+    members.finish(holders)
+    census_id = os.urandom(6).hex()
+    # The biggest holders, and those with graphs, are the ones a later census must compare.
+    ranked = sorted(holders.values(), key=lambda h: (h["with_grad_fn"] == 0, -(h["bytes"] + h["graph_bytes"])))
+    compared = members.history([h["path"] for h in ranked], tensors, census_id, previous_id,
+                               budget.graph_nodes)
+    for path, row in compared.items():
+        if path in holders:
+            holders[path].update(row)
     group_list = sorted(groups.values(), key=lambda g: (-g["bytes"], -g["count"]))
     holder_list = sorted(holders.values(), key=lambda h: (-(h["bytes"] + h["graph_bytes"]), -h["count"]))
     if len(group_list) > MAX_GROUPS:
@@ -301,6 +327,11 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
         "pid": os.getpid(),
         "time": time.time(),
         "label": label,
+        "census_id": census_id,
+        # False when the holder walk stopped at a budget: <unreached> then also holds tensors
+        # that a longer walk would have named.
+        "holders_complete": holders_complete,
+        "previous_id": previous_id if census_history.known(previous_id) else None,
         "totals": totals,
         "groups": group_list[:MAX_GROUPS],
         "holders": holder_list[:MAX_HOLDERS],
@@ -310,6 +341,90 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
         "elapsed_s": round(time.monotonic() - started, 4),
         "walked_objects": w.visited,
     }
+
+
+def _made_at(t: Any) -> int:
+    """The sequence number of the node a tensor hangs from (creation order), else a big one."""
+    fn = getattr(t, "grad_fn", None)
+    if fn is None:
+        return 1 << 65
+    try:
+        return int(fn._sequence_nr())
+    except Exception:
+        return 1 << 65
+    finally:
+        fn = None
+
+
+def _root(holder: dict[str, Any], origin: tuple[str, int, Any] | None) -> None:
+    """What a holder path starts from: a module global, a running function's local (and how
+    deep that frame is in its thread: 0 = outermost), the value a method just returned."""
+    if origin is None:
+        holder["root"] = "unreached"
+        return
+    holder["root"] = origin[0]
+    if origin[0] == "local":
+        holder["depth"] = origin[1]
+
+
+class _Members:
+    """Per holder, while the rows are added up: a few tensor ids (the oldest found: gc lists
+    the young generation first), the graph-carrying ones, and the capped containers."""
+
+    def __init__(self) -> None:
+        self.sample: dict[str, list[int]] = {}
+        self.graph: dict[str, list[int]] = {}
+        self.caps: dict[str, dict[int, tuple[int, int]]] = {}
+        self.uncapped: set[str] = set()
+        self.path_of: dict[int, str] = {}  # every tensor's holder, for what an earlier census saw
+
+    def note(self, path: str, tid: int, has_fn: bool, origin: tuple[str, int, Any] | None) -> None:
+        self.path_of[tid] = path
+        sample = self.sample.setdefault(path, [])
+        sample.append(tid)
+        if len(sample) > census_history.SAMPLE:
+            del sample[0]  # keep the last ones: the oldest objects
+        if has_fn:
+            graph = self.graph.setdefault(path, [])
+            if len(graph) <= census_history.MAX_CHAINED:
+                graph.append(tid)
+        cap = origin[2] if origin is not None else None
+        if cap is None:
+            self.uncapped.add(path)
+        else:
+            self.caps.setdefault(path, {})[cap[0]] = (cap[1], cap[2])
+
+    def finish(self, holders: dict[str, dict[str, Any]]) -> None:
+        """A holder whose every tensor sits in a capped container gets its limit and length."""
+        for path, caps in self.caps.items():
+            if path not in self.uncapped and path in holders:
+                holders[path]["cap"] = sum(limit for limit, _ in caps.values())
+                holders[path]["length"] = sum(length for _, length in caps.values())
+        self.caps.clear()
+
+    def history(self, order: list[str], tensors: list[Any], census_id: str, previous_id: str | None,
+                node_budget: int) -> dict[str, dict[str, Any]]:
+        """Compare with the previous census (if this process took it) and remember this one,
+        its holders in ``order`` (census_history keeps the first MAX_HOLDERS)."""
+        graph = {p: ids for p, ids in self.graph.items() if len(ids) <= census_history.MAX_CHAINED}
+        needed = {tid for ids in self.sample.values() for tid in ids}
+        needed.update(tid for ids in graph.values() for tid in ids)
+        by_id = {id(t): t for t in tensors if id(t) in needed}
+        try:
+            graph_tensors = {p: [by_id[i] for i in ids if i in by_id] for p, ids in graph.items()}
+            compared: dict[str, dict[str, Any]] = {}
+            if previous_id is not None and census_history.known(previous_id):
+                compared = census_history.compare(previous_id, self.path_of, graph_tensors, node_budget)
+            census_history.remember(census_id, {
+                p: ([by_id[i] for i in self.sample[p] if i in by_id],
+                    [fn for fn in (getattr(t, "grad_fn", None) for t in graph_tensors.get(p, [])) if fn is not None])
+                for p in order[:census_history.MAX_HOLDERS] if p in self.sample})
+            return compared
+        finally:
+            by_id.clear()
+            self.sample.clear()
+            self.graph.clear()
+            self.path_of.clear()
 
 
 def _dtype(t: Any) -> str:

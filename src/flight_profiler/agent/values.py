@@ -3,7 +3,8 @@
 A tensor is shown by what matters to an ML engineer (shape, dtype, device, requires_grad,
 grad_fn, and a few statistics), never by its data; containers and objects are expanded to a
 depth and truncated with counts; every repr is capped. Rendering never raises: whatever fails
-is shown as ``<... failed: Error>``. torch and numpy are found through ``sys.modules`` only
+is shown as ``<... failed: Error>``, a repr's SystemExit or KeyboardInterrupt included
+(shield.py). torch and numpy are found through ``sys.modules`` only
 (never imported here).
 
 Statistics (min/max/mean, NaN/Inf counts) are computed under ``torch.no_grad()`` for CPU tensors
@@ -16,6 +17,8 @@ from __future__ import annotations
 import sys
 import types
 from typing import Any
+
+from .shield import swallow
 
 MAX_REPR = 200  # characters of one leaf
 MAX_ITEMS = 10  # items of one container shown
@@ -46,14 +49,16 @@ def fmt_ms(ms: float) -> str:
 def safe_repr(value: Any, limit: int = MAX_REPR) -> str:
     try:
         return cap(repr(value), limit)
-    except Exception as exc:
+    except BaseException as exc:
+        swallow(exc)
         return f"<repr failed: {type(exc).__name__}>"
 
 
 def _fmt_number(x: Any) -> str:
     try:
         x = float(x)
-    except Exception:
+    except BaseException as exc:
+        swallow(exc)
         return "?"
     if x != x or x in (float("inf"), float("-inf")):
         return str(x)
@@ -91,7 +96,8 @@ def tensor_stats(t: Any, torch: Any) -> str:
                     text += f" nan={nan} inf={inf}"
                 return text
             return f"min={_fmt_number(d.min())} max={_fmt_number(d.max())}"
-    except Exception as exc:
+    except BaseException as exc:
+        swallow(exc)
         return f"stats failed: {type(exc).__name__}"
 
 
@@ -114,7 +120,8 @@ def render_tensor(t: Any, torch: Any) -> str:
             if stats:
                 parts.append(stats)
         return f"{label}({', '.join(parts)})"
-    except Exception as exc:
+    except BaseException as exc:
+        swallow(exc)
         return f"<tensor render failed: {type(exc).__name__}>"
 
 
@@ -126,14 +133,16 @@ def render_ndarray(a: Any) -> str:
             if a.dtype.kind == "f":
                 text += f" mean={_fmt_number(a.mean())}"
         return text + ")"
-    except Exception as exc:
+    except BaseException as exc:
+        swallow(exc)
         return f"<ndarray render failed: {type(exc).__name__}>"
 
 
 def render_exception(exc: BaseException) -> str:
     try:
         message = str(exc)
-    except Exception:
+    except BaseException as failed:
+        swallow(failed)
         message = "<str failed>"
     name = type(exc).__qualname__
     return f"{name}: {cap(message)}" if message else name
@@ -142,7 +151,8 @@ def render_exception(exc: BaseException) -> str:
 def _is_module(value: Any, torch: Any) -> bool:
     try:
         return torch is not None and isinstance(value, torch.nn.Module)
-    except Exception:
+    except BaseException as exc:
+        swallow(exc)
         return False
 
 
@@ -159,11 +169,16 @@ _FAST = frozenset({int, float, bool, type(None)})  # exact types whose repr is s
 
 def render(value: Any, depth: int = 1, limit: int = MAX_TOTAL) -> str:
     """``value`` as text: containers/objects expanded ``depth`` levels, capped at ``limit``."""
-    if type(value) in _FAST:  # the common case in a flood of calls: no lookups at all
+    kind = type(value)
+    if kind in _FAST:  # the common case in a flood of calls: no lookups at all
         return repr(value)
+    if (kind is tuple or kind is list) and len(value) <= MAX_ITEMS and all(
+            type(v) in _FAST for v in value):  # arguments of plain numbers: shown as Python does
+        return cap(repr(value), MAX_REPR if depth <= 0 else limit)
     try:
         return cap(_render(value, depth, sys.modules.get("torch"), sys.modules.get("numpy")), limit)
-    except Exception as exc:  # belt and braces: rendering must never raise
+    except BaseException as exc:  # belt and braces: rendering must never raise
+        swallow(exc)
         return f"<render failed: {type(exc).__name__}>"
 
 
@@ -176,13 +191,15 @@ def _render(value: Any, depth: int, torch: Any, numpy: Any) -> str:
         try:
             if isinstance(value, torch.Tensor):
                 return render_tensor(value, torch)
-        except Exception:
+        except BaseException as exc:
+            swallow(exc)
             pass
     if numpy is not None:
         try:
             if isinstance(value, numpy.ndarray):
                 return render_ndarray(value)
-        except Exception:
+        except BaseException as exc:
+            swallow(exc)
             pass
     if isinstance(value, BaseException):
         return render_exception(value)

@@ -1,11 +1,14 @@
-"""The one owner of the target's private directory, /tmp/flight_profiler-<uid>, seen from the CLI.
+"""The one owner of the directories the CLI works in under the target's /tmp, seen from the CLI.
 
-That directory belongs to the TARGET's user, and the CLI often runs as root: every path name
-inside it is under that user's control (a symlink planted at the lock, a staging directory swapped
-for a link between two calls). So the directory is opened once, without following links, checked
-with fstat, and everything inside it (attach lock, agent log, socket, staged agent) is reached
-relative to that descriptor: O_NOFOLLOW on every open, fchown/fchmod on descriptors, never a
-path-based chown or chmod.
+The target's private directory, /tmp/flight_profiler-<uid>, belongs to the TARGET's user, and the
+CLI often runs as root: every path name inside it is under that user's control (a symlink
+planted at the lock, a directory at a socket's name). So the directory is opened once, without
+following links, checked with fstat, and everything inside it (attach lock, agent log, socket) is
+reached relative to that descriptor: O_NOFOLLOW on every open, fchown/fchmod on descriptors,
+never a path-based chown or chmod.
+
+Root's staged agent copies live apart, in /tmp/flight_profiler-code (``open_code_dir``): owned by
+root, 0755, so that every target can read the code root injects and no one else can write it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ import time
 from collections.abc import Iterator
 
 from flight_profiler.agent import protocol
-from flight_profiler.errors import AttachTimeout, PermissionDenied
+from flight_profiler.errors import AttachTimeout, PermissionDenied, cannot_stage
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted under a file's name must not hang the CLI in open().
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+CODE_DIR = "flight_profiler-code"  # root's staged agent copies, under the target's /tmp
+# Removing a tree holds at most this many directories open; a deeper one is moved up to the
+# top level and removed after (a 1,500-deep tree costs no recursion and no 1,500 descriptors).
+_MAX_DEPTH = 32
+_REMOVE_BUDGET = 200_000  # entries one removal may visit; the rest waits for a later sweep
+# What a full or read-only /tmp (or a foreign user namespace) answers: said in one line.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EOVERFLOW, errno.EMLINK)
 
 
 def _refuse(path: str, why: str) -> PermissionDenied:
@@ -43,8 +53,17 @@ class AgentDir:
     @classmethod
     def open(cls, uid: int, root: str = "/") -> AgentDir:
         """Open (creating it 0700 for ``uid`` if needed) and check the private directory."""
-        inner = protocol.socket_dir(uid)
-        path = protocol.socket_dir(uid, root)
+        return cls._open(protocol.socket_dir(uid), root, uid, private=True)
+
+    @classmethod
+    def open_code_dir(cls, root: str = "/") -> AgentDir:
+        """Open (creating it if needed) root's directory of staged agent copies: root's, 0755
+        (every target may read it), written by no one else."""
+        return cls._open(os.path.join("/tmp", CODE_DIR), root, 0, private=False)
+
+    @classmethod
+    def _open(cls, inner: str, root: str, uid: int, private: bool) -> AgentDir:
+        path = os.path.join(root, inner.lstrip("/"))
         name = os.path.basename(inner)
         # Walk root -> tmp -> ours by descriptors: a symlinked /tmp inside a container would
         # otherwise resolve against OUR root.
@@ -67,6 +86,10 @@ class AgentDir:
                     created = True
                 except FileExistsError:
                     pass
+                except OSError as exc:
+                    if exc.errno in _NO_ROOM:
+                        raise cannot_stage(path, exc) from None
+                    raise
             try:
                 fd = os.open(name, _DIR_FLAGS, dir_fd=tmp_fd)
             except OSError as exc:
@@ -84,10 +107,14 @@ class AgentDir:
             if created and st.st_uid == me and st.st_uid != uid and me == 0:
                 os.fchown(fd, uid, -1)
                 st = os.fstat(fd)
+            if created and not private:
+                os.fchmod(fd, 0o755)  # every target reads its agent from here
+                st = os.fstat(fd)
             if st.st_uid != uid:
                 raise _refuse(path, f"owned by uid {st.st_uid}, not {uid}")
-            if stat.S_IMODE(st.st_mode) & 0o077:
-                raise _refuse(path, f"mode {oct(stat.S_IMODE(st.st_mode))} lets other users in")
+            if stat.S_IMODE(st.st_mode) & (0o077 if private else 0o022):
+                what = "lets other users in" if private else "lets other users write in it"
+                raise _refuse(path, f"mode {oct(stat.S_IMODE(st.st_mode))} {what}")
         except BaseException:
             os.close(fd)
             raise
@@ -117,6 +144,8 @@ class AgentDir:
             if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
                 raise _refuse(os.path.join(self.path, name),
                               f"not a regular file ({exc.strerror})") from None
+            if exc.errno in _NO_ROOM:
+                raise cannot_stage(self.path, exc) from None
             raise
         try:
             st = os.fstat(fd)
@@ -150,8 +179,72 @@ class AgentDir:
         return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
     def unlink(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        """Remove ``name`` inside, whatever it is (a directory planted under a file's name
+        goes with everything in it); never follows a link."""
+        try:
             os.unlink(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            self.remove_tree(name)
+        except OSError as exc:
+            if exc.errno != errno.EPERM:  # EPERM: Linux's answer for a directory too
+                raise
+            self.remove_tree(name)
+
+    def remove_tree(self, name: str) -> bool:
+        """Remove ``name`` inside and everything under it, never following a link, without
+        recursion and holding at most ``_MAX_DEPTH`` descriptors: a directory deeper than that
+        is moved up next to ``name`` and removed after. Visits at most ``_REMOVE_BUDGET``
+        entries; returns False if some are left (a later sweep goes on)."""
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        if not stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.fd)
+            return True
+        budget = _REMOVE_BUDGET
+        complete = True
+        pending = [name]
+        while pending:
+            top = pending.pop()
+            chain: list[tuple[int, str]] = []  # open directories, top first, with their names
+            try:
+                chain.append((os.open(top, _DIR_FLAGS, dir_fd=self.fd), top))
+                while chain:
+                    cur = chain[-1][0]
+                    child = None
+                    with os.scandir(cur) as entries:
+                        for entry in entries:
+                            budget -= 1
+                            if budget < 0:
+                                return False
+                            if not entry.is_dir(follow_symlinks=False):
+                                with contextlib.suppress(FileNotFoundError):
+                                    os.unlink(entry.name, dir_fd=cur)
+                            elif len(chain) >= _MAX_DEPTH:
+                                moved = f".staging-deep-{os.urandom(8).hex()}"
+                                os.rename(entry.name, moved, src_dir_fd=cur, dst_dir_fd=self.fd)
+                                pending.append(moved)
+                            else:
+                                child = entry.name
+                                break
+                    if child is not None:
+                        chain.append((os.open(child, _DIR_FLAGS, dir_fd=cur), child))
+                        continue
+                    fd, done = chain.pop()  # empty now
+                    os.close(fd)
+                    os.rmdir(done, dir_fd=chain[-1][0] if chain else self.fd)
+            except FileNotFoundError:
+                pass  # someone else removed it meanwhile
+            except OSError:
+                complete = False  # e.g. a directory its owner made unreadable: left as it is
+            finally:
+                for fd, _ in chain:
+                    os.close(fd)
+        return complete
 
     # -- the attach lock -----------------------------------------------------------------------
     @contextlib.contextmanager

@@ -5,12 +5,13 @@ versions: ``<pid>`` alone). A process of our own pid namespace is dead when /pro
 pid; for another namespace /proc cannot tell, so its socket is probed: a refused connection means
 no agent listens, and the socket, log and lock go (names of older versions, without the
 namespace, go when both /proc and the socket say so). Staged agent copies that no running agent
-holds are removed by staging itself. Everything goes through the directory's descriptor.
+holds are removed by staging itself. Everything goes through the directory's descriptor, and
+whatever sits under those names (a directory, a 1,500-deep tree) goes without a traceback: a
+removal that fails leaves the entry for a later sweep.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -81,28 +82,37 @@ def _remove_lock(directory: AgentDir, name: str) -> None:
         os.close(fd)
 
 
-def sweep(directory: AgentDir) -> list[str]:
-    """Remove the leftovers of dead processes; their names."""
+def sweep(directory: AgentDir, live_sock: str | None = None) -> list[str]:
+    """Remove the leftovers of dead processes; their names. ``live_sock``: the socket name of
+    the process about to be attached (no agent answered there): anything under it that is not
+    a socket (a directory, a file) would stop its agent from binding, and goes too."""
     own_ns = protocol.pid_namespace()
     removed: list[str] = []
     verdicts: dict[str, bool] = {}
     now = time.time()
     for name in sorted(os.listdir(directory.fd)):
         key = _key_of(name)
-        if key is not None:
-            if key not in verdicts:
-                verdicts[key] = _dead(key, directory, own_ns)
-            if not verdicts[key]:
-                continue
-            if name.endswith(".lock"):
-                _remove_lock(directory, name)
-            else:
-                directory.unlink(name)
-            removed.append(name)
-        elif name.startswith(".staging-"):
-            with contextlib.suppress(OSError):
+        try:
+            if key is not None:
+                if name == live_sock:
+                    st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+                    if not stat.S_ISSOCK(st.st_mode):
+                        directory.unlink(name)
+                        removed.append(name)
+                    continue
+                if key not in verdicts:
+                    verdicts[key] = _dead(key, directory, own_ns)
+                if not verdicts[key]:
+                    continue
+                if name.endswith(".lock"):
+                    _remove_lock(directory, name)
+                else:
+                    directory.unlink(name)
+                removed.append(name)
+            elif name.startswith(".staging-"):
                 st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
-                if now - st.st_mtime > _ABANDONED_AFTER:
-                    staging.remove_tree(directory, name)
+                if now - st.st_mtime > _ABANDONED_AFTER and directory.remove_tree(name):
                     removed.append(name)
+        except OSError:
+            continue  # left for a later sweep
     return removed

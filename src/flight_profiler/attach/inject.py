@@ -14,15 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from flight_profiler.agent import protocol
 from flight_profiler.attach import remote_exec
 from flight_profiler.attach.methods import METHODS
 from flight_profiler.attach.outcome import Outcome
 from flight_profiler.attach.process import TargetInfo
+from flight_profiler.errors import AttachFailed, UsageError, gdb_missing, pyrasite_missing
 
 if TYPE_CHECKING:
     from flight_profiler.attach import identity
-from flight_profiler.errors import AttachFailed, UsageError, gdb_missing, pyrasite_missing
 
 _BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "agent", "bootstrap.py")
@@ -130,7 +129,7 @@ def _inject_pinned(target: TargetInfo, chosen: str, deadline: float,
                    helper_note: str) -> Injection:
     from flight_profiler.attach import gdb, pyrasite, staging
 
-    staged = staging.stage(target.uid, target.ns_pid, target.root, helper_path, target.pid_ns)
+    staged = staging.stage(target.home, target.ns_pid, target.root, helper_path, target.pid_ns)
     say(f"agent staged at {staged.pkg}")
     if chosen in ("gdb", "pyrasite"):
         _seccomp_before_external_tool(target, say)
@@ -138,9 +137,10 @@ def _inject_pinned(target: TargetInfo, chosen: str, deadline: float,
     base: dict[str, object] = {"pkg": staged.pkg, "log": staged.log, "deadline": deadline,
                                "version": "0.1.0", "sock": staged.sock}
     if chosen == "remote_exec":
+        # the script goes beside the staged copy: a directory only we can write, the target reads
+        inner = os.path.dirname(os.path.dirname(staged.pkg))
         remote_exec.inject(target.pid, bootstrap_text(base),
-                           protocol.socket_dir(target.uid, target.root),
-                           protocol.socket_dir(target.uid))
+                           os.path.join(target.root, inner.lstrip("/")), inner)
         return Injection("remote_exec", "sys.remote_exec queued the bootstrap")
     if chosen == "pyrasite":
         pyrasite.inject(target.pid, bootstrap_text(base), max(deadline - time.time(), 1.0))

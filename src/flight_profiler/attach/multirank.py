@@ -85,7 +85,7 @@ def has_agent(pid: int) -> bool:
         target = process.inspect(pid, check_permissions=False)
     except FlightProfilerError:
         return False
-    return os.path.exists(protocol.socket_path(target.ns_pid, target.uid, target.root))
+    return os.path.exists(protocol.socket_path(target.ns_pid, target.home, target.root))
 
 
 def detach_ranks(targets: list[ProcInfo], timeout: float = 10.0) -> list[RankResult]:

@@ -32,7 +32,7 @@ _STDLIB_DIR = re.compile(r"/lib/python(\d)\.(\d+)/")
 @dataclass
 class TargetInfo:
     pid: int
-    uid: int  # effective uid: the agent's socket directory is named after it
+    uid: int  # effective uid (what its agent's listening socket carries)
     state: str
     tracer_pid: int
     ns_pid: int  # the pid as the target sees itself (differs inside a container)
@@ -44,6 +44,14 @@ class TargetInfo:
     cmdline: list[str] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
     pid_ns: int = 0  # inode of its pid namespace: with ns_pid, names its files (0: unknown)
+    uids: tuple[int, ...] = ()  # real, effective, saved, file-system
+
+    @property
+    def home(self) -> int:
+        """Whose private directory holds the agent's socket and log (root's for mixed uids)."""
+        from flight_profiler.agent.protocol import home_uid
+
+        return home_uid(self.uids) if self.uids else self.uid
 
     @property
     def version_str(self) -> str:
@@ -218,6 +226,56 @@ def target_root(pid: int) -> str:
     return f"/proc/{pid}/root"
 
 
+def check_mixed_uids(pid: int, status: Status) -> None:
+    """A process whose uids differ is served to root alone, from root's private directory; its
+    agent reaches that directory with a file-system uid of 0, which the kernel grants only if
+    one of its uids is 0. Without one (a set-user-ID program of another user) it cannot."""
+    uids = status.uids
+    if len(set(uids)) > 1 and 0 not in uids:
+        raise PermissionDenied(
+            f"process {pid} runs with mixed uids (real {uids[0]}, effective {uids[1]}, saved "
+            f"{uids[2]}) and none of them is root: flight_profiler serves such a process to "
+            "root only, from root's directory, which it cannot reach",
+            "not supported: profile it from a process that runs as one user")
+
+
+def check_user_namespace(pid: int, status: Status) -> None:
+    """Refuse a target in another user namespace unless the uids that matter map to
+    themselves there: its agent sees uids through that namespace's map (root outside shows
+    as the overflow uid), so it could not tell you from another user (rootless containers,
+    ``unshare -U``)."""
+    try:
+        theirs, ours = os.readlink(f"/proc/{pid}/ns/user"), os.readlink("/proc/self/ns/user")
+        if theirs == ours:
+            return
+        text = _read(f"/proc/{pid}/uid_map")
+    except FileNotFoundError:
+        raise ProcessNotFound(f"process {pid} exited") from None
+    except OSError:
+        return  # no namespaces to compare: nothing to refuse
+    me = os.geteuid()
+    for uid in {me, *status.uids}:
+        if not identity_mapped(text, uid):
+            raise PermissionDenied(
+                f"process {pid} runs in a user namespace of its own (a rootless container or "
+                f"`unshare -U`) where uid {uid} is not uid {uid}: its agent could not tell you "
+                "from another user",
+                "run flight_profiler inside that container, as the job's user "
+                "(e.g. `podman exec CONTAINER flight_profiler ...`)")
+
+
+def identity_mapped(uid_map: str, uid: int) -> bool:
+    """Whether /proc/PID/uid_map text maps ``uid`` (as we see it) to the same uid inside."""
+    for line in uid_map.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            continue
+        inside, outside, count = (int(p) for p in parts)
+        if outside <= uid < outside + count:
+            return inside == outside
+    return False
+
+
 def stopped(pid: int, state: str) -> AttachFailed:
     return AttachFailed(f"process {pid} is stopped (state {state})",
                         f"resume it with `kill -CONT {pid}` and retry")
@@ -249,6 +307,8 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
                                permission_hint(ptrace_scope(), in_container())) from None
     if status.state in ("Z", "X"):
         raise ProcessNotFound(f"process {pid} has exited (zombie)")
+    check_user_namespace(pid, status)
+    check_mixed_uids(pid, status)
     if status.tgid and status.tgid != pid:
         raise UsageError(f"{pid} is a thread of process {status.tgid}, not a process",
                          f"use the process id: `flight_profiler {status.tgid}`")
@@ -306,5 +366,5 @@ def inspect(pid: int, check_permissions: bool = True) -> TargetInfo:
         pid=pid, uid=status.uids[1], state=status.state, tracer_pid=status.tracer_pid,
         ns_pid=status.ns_pid or pid, start_time=start_time, exe=exe, version=version,
         libpython=libpython, root=target_root(pid), cmdline=[c for c in cmdline if c],
-        environ=environ, pid_ns=pid_namespace(pid),
+        environ=environ, pid_ns=pid_namespace(pid), uids=status.uids,
     )

@@ -1,41 +1,53 @@
-"""Put the agent where the target can load it: its private directory, as the target sees it.
+"""Put the agent where the target can load it, as code only the CLI's user can have written.
 
 The CLI's own install may be unreadable to the target's user (root's venv) or invisible to it
 (another mount namespace: a container), so the agent package (and, for the gdb injector, the
-helper library) is copied into /tmp/flight_profiler-<uid>/ under the target's root
-(/proc/PID/root), owned by the target's user, in a directory named after its content hash
-(copied once per version).
+helper library) is copied under the target's root (/proc/PID/root), into a directory named after
+its content hash (copied once per version):
 
-That directory is the target user's: when root stages, every name in it may be swapped for a
-link between two calls. The copy is therefore built inside a fresh directory that stays root's
-(0700) until complete, reached only through descriptors opened with O_NOFOLLOW, handed over
-with fchown on those descriptors, and renamed into place (rename follows no link).
+- by root, into /tmp/flight_profiler-code (``AgentDir.open_code_dir``): root's, directories
+  0755, files 0644: every target can read it, no other user can write it. Root never stages
+  into a directory another user can write: a job of that user's may be a root job that dropped
+  its effective uid for a while (seteuid), and must never run code that user planted.
+- by any other user, into their own private directory (their own processes are the only ones
+  they can attach to).
+
+A copy is reused only if it verifies: every directory and file in it belongs to the CLI's user
+and no one else can write it, and every file of the agent hashes, read through the descriptor
+that was checked, to what this CLI would copy. A copy that does not verify is removed and staged
+afresh. A new copy is built in a fresh 0700 ``.staging-*`` directory through descriptors only
+(mkdirat, openat(O_EXCL|O_NOFOLLOW), fchmod), opened up last, renamed into place (rename follows
+no link) and checked to be the very directory built.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import secrets
-import shutil
 import stat
 import time
 from dataclasses import dataclass
 
 from flight_profiler.agent import protocol
 from flight_profiler.attach.agent_dir import AgentDir
-from flight_profiler.errors import PermissionDenied
+from flight_profiler.errors import PermissionDenied, cannot_stage
 
 _AGENT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 STAGED_PREFIX = "agent-"
 IN_USE = "in-use"  # every running agent holds a shared flock on this file of its copy
+HELPER = "fp_inject.so"
+PYCACHE = "__pycache__"  # made by us: a target's interpreter must not make it (with its umask)
 # A copy staged this recently may be about to be loaded by an attach to another process (whose
 # agent does not hold it yet): only older unheld copies are removed.
 SETTLE_SECONDS = 600.0
+_MAX_ENTRIES = 4096  # a copy is ~50 files (and their .pyc): more does not verify
 
 
 @dataclass
@@ -43,30 +55,55 @@ class Staged:
     pkg: str  # agent package directory, as the target sees it
     helper: str | None  # helper library, as the target sees it
     log: str  # agent log, as the target sees it
-    name: str = ""  # the staged directory's name inside the private directory
+    name: str = ""  # the staged copy's directory name inside its staging directory
     sock: str = ""  # the agent's socket name inside the private directory
+
+
+@dataclass
+class Manifest:
+    """What a copy of this CLI's agent holds: relative path -> sha256 of its content."""
+
+    files: list[str]  # the agent's .py files, relative to the package
+    helper: str | None  # the helper library to copy beside the package
+    hashes: dict[str, str]  # every regular file the copy must hold, relative to the copy
+    name: str  # the copy's directory name (its content hash)
 
 
 def _agent_files() -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(_AGENT_DIR):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        dirnames[:] = sorted(d for d in dirnames if d != PYCACHE)
         for name in sorted(filenames):
             if name.endswith(".py"):
                 out.append(os.path.relpath(os.path.join(dirpath, name), _AGENT_DIR))
     return out
 
 
-def _digest(files: list[str], helper: str | None) -> str:
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def manifest(helper: str | None) -> Manifest:
+    files = _agent_files()
     h = hashlib.sha256()
+    hashes: dict[str, str] = {}
     for rel in files:
+        data = _read(os.path.join(_AGENT_DIR, rel))
         h.update(rel.encode())
-        with open(os.path.join(_AGENT_DIR, rel), "rb") as f:
-            h.update(f.read())
+        h.update(data)
+        hashes[os.path.join("pkg", rel)] = hashlib.sha256(data).hexdigest()
     if helper:
-        with open(helper, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:16]
+        data = _read(helper)
+        h.update(data)
+        hashes[HELPER] = hashlib.sha256(data).hexdigest()
+    hashes[IN_USE] = hashlib.sha256(b"").hexdigest()
+    return Manifest(files, helper, hashes, STAGED_PREFIX + h.hexdigest()[:16])
+
+
+def _digest(files: list[str], helper: str | None) -> str:
+    """The content hash naming a copy (kept for callers that name copies themselves)."""
+    return manifest(helper).name[len(STAGED_PREFIX):]
 
 
 def private_dir(uid: int, root: str) -> str:
@@ -75,93 +112,157 @@ def private_dir(uid: int, root: str) -> str:
         return directory.path
 
 
-def _hand_over(fd: int, uid: int) -> None:
-    if os.geteuid() == 0 and uid != 0:
-        os.fchown(fd, uid, -1)
-
-
-def _copy_into(dir_fd: int, name: str, source: str, mode: int, uid: int) -> None:
-    with open(source, "rb") as src:
-        fd = os.open(name, _NEW_FILE, 0o600, dir_fd=dir_fd)
-        try:
-            with os.fdopen(os.dup(fd), "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.fchmod(fd, mode)
-            _hand_over(fd, uid)
-        finally:
-            os.close(fd)
-
-
-def _subdir(dir_fd: int, name: str, uid: int) -> int:
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(name, 0o700, dir_fd=dir_fd)
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    _hand_over(fd, uid)
-    return fd
-
-
-def _build(top_fd: int, files: list[str], helper: str | None, uid: int) -> None:
-    opened: dict[str, int] = {"": _subdir(top_fd, "pkg", uid)}
-    try:
-        for rel in files:
-            parent = os.path.dirname(rel)
-            if parent not in opened:
-                # os.walk lists parents first, so the parent's parent is already open
-                opened[parent] = _subdir(opened[os.path.dirname(parent)],
-                                         os.path.basename(parent), uid)
-            _copy_into(opened[parent], os.path.basename(rel), os.path.join(_AGENT_DIR, rel),
-                       0o600, uid)
-    finally:
-        for fd in opened.values():
-            os.close(fd)
-    if helper:
-        _copy_into(top_fd, "fp_inject.so", helper, 0o700, uid)
-    fd = os.open(IN_USE, _NEW_FILE, 0o600, dir_fd=top_fd)
-    try:
-        _hand_over(fd, uid)
-    finally:
-        os.close(fd)
-
-
-def _is_staged_dir(directory: AgentDir, name: str, uid: int) -> bool:
-    try:
-        st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+def code_dir(root: str, home: AgentDir | None = None) -> AgentDir:
+    """Where this CLI stages: root's code directory for root, else the user's own private
+    directory (``home`` when it is that one already)."""
+    me = os.geteuid()
+    if me == 0:
+        return AgentDir.open_code_dir(root)
+    if home is not None and home.uid == me:
+        return AgentDir(os.dup(home.fd), home.uid, home.path, home.inner)
+    return AgentDir.open(me, root)
 
 
 def stage(uid: int, ns_pid: int, root: str, helper: str | None,
           pid_ns: int | None = None, directory: AgentDir | None = None) -> Staged:
-    """Copy agent (+ helper) into the target's private dir (once per content hash)."""
-    own = directory is None
-    agent_dir = AgentDir.open(uid, root) if directory is None else directory
+    """Copy agent (+ helper) where the target can read it (once per content hash); ``uid`` is
+    the agent's home (``protocol.home_uid``): whose private directory holds its socket and log,
+    ``directory`` that directory if the caller holds it open."""
     try:
-        files = _agent_files()
-        name = STAGED_PREFIX + _digest(files, helper)
-        if _is_staged_dir(agent_dir, name, uid):
-            # a fresh ctime tells other CLIs' cleanup that this copy is about to be loaded
-            with contextlib.suppress(OSError):
-                os.utime(name, dir_fd=agent_dir.fd, follow_symlinks=False)
-        else:
-            _stage_new(agent_dir, name, files, helper, uid)
-        remove_unused(agent_dir, name)
-        inner = os.path.join(agent_dir.inner, name)
-        return Staged(
-            pkg=os.path.join(inner, "pkg"),
-            helper=os.path.join(inner, "fp_inject.so") if helper else None,
-            log=os.path.join(agent_dir.inner, protocol.log_name(ns_pid, pid_ns)),
-            name=name, sock=protocol.socket_name(ns_pid, pid_ns),
-        )
+        with code_dir(root, directory) as code:
+            want = manifest(helper)
+            if verified(code, want.name, want):
+                # a fresh ctime tells other CLIs' cleanup that this copy is about to be loaded
+                with contextlib.suppress(OSError):
+                    os.utime(want.name, dir_fd=code.fd, follow_symlinks=False)
+            else:
+                code.remove_tree(want.name)  # corrupt, tampered with, or not a directory
+                _stage_new(code, want)
+            remove_unused(code, want.name)
+            inner = os.path.join(code.inner, want.name)
+    except OSError as exc:
+        raise cannot_stage(os.path.join(root, "tmp"), exc) from None
+    return Staged(
+        pkg=os.path.join(inner, "pkg"),
+        helper=os.path.join(inner, HELPER) if helper else None,
+        log=protocol.log_path(ns_pid, uid, "/", pid_ns),
+        name=want.name, sock=protocol.socket_name(ns_pid, pid_ns),
+    )
+
+
+# -- verifying a copy ---------------------------------------------------------------------------
+def _ours(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o022
+
+
+def _hash_fd(fd: int) -> str:
+    h = hashlib.sha256()
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return h.hexdigest()
+        h.update(chunk)
+
+
+def verified(directory: AgentDir, name: str, want: Manifest) -> bool:
+    """Whether ``name`` is a copy this CLI would make: walked through descriptors opened
+    without following links, every directory and file ours and writable by no one else, every
+    expected file there and hashing right (read through the checked descriptor)."""
+    try:
+        top = os.open(name, _DIR_FLAGS, dir_fd=directory.fd)
+    except OSError:
+        return False
+    stack = [(top, "")]
+    seen: set[str] = set()
+    entries = 0
+    try:
+        while stack:
+            fd, rel = stack[-1]
+            stack.pop()
+            try:
+                if not _ours(os.fstat(fd)):
+                    return False
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        entries += 1
+                        if entries > _MAX_ENTRIES:
+                            return False
+                        path = os.path.join(rel, entry.name)
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append((os.open(entry.name, _DIR_FLAGS, dir_fd=fd), path))
+                            continue
+                        ffd = os.open(entry.name, _READ_FLAGS, dir_fd=fd)
+                        try:
+                            st = os.fstat(ffd)
+                            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not _ours(st):
+                                return False
+                            if path in want.hashes:
+                                if _hash_fd(ffd) != want.hashes[path]:
+                                    return False
+                                seen.add(path)
+                        finally:
+                            os.close(ffd)
+            finally:
+                os.close(fd)
+    except OSError:
+        return False
     finally:
-        if own:
-            agent_dir.close()
+        for fd, _ in stack:
+            os.close(fd)
+    return seen == set(want.hashes)
+
+
+# -- building a copy ----------------------------------------------------------------------------
+def _copy_into(dir_fd: int, name: str, source: str, mode: int) -> None:
+    data = _read(source)
+    fd = os.open(name, _NEW_FILE, 0o600, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _subdir(dir_fd: int, name: str) -> int:
+    os.mkdir(name, 0o700, dir_fd=dir_fd)
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        if name != PYCACHE:
+            os.close(_subdir(fd, PYCACHE))
+        os.fchmod(fd, 0o755)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _build(top_fd: int, want: Manifest) -> None:
+    opened: dict[str, int] = {"": _subdir(top_fd, "pkg")}
+    try:
+        for rel in want.files:
+            parent = os.path.dirname(rel)
+            if parent not in opened:
+                # os.walk lists parents first, so the parent's parent is already open
+                opened[parent] = _subdir(opened[os.path.dirname(parent)], os.path.basename(parent))
+            _copy_into(opened[parent], os.path.basename(rel), os.path.join(_AGENT_DIR, rel), 0o644)
+    finally:
+        for fd in opened.values():
+            os.close(fd)
+    if want.helper:
+        _copy_into(top_fd, HELPER, want.helper, 0o755)
+    fd = os.open(IN_USE, _NEW_FILE, 0o600, dir_fd=top_fd)
+    try:
+        os.fchmod(fd, 0o644)  # read-only for the agents that flock it
+    finally:
+        os.close(fd)
 
 
 def _replaced(agent_dir: AgentDir, name: str) -> PermissionDenied:
     return PermissionDenied(
         f"{os.path.join(agent_dir.path, name)} was replaced while the agent was staged "
-        "(someone else writes in the target's private directory); nothing was staged",
+        "(someone else writes in that directory); nothing was staged",
         f"retry; if it happens again, find who writes in {agent_dir.path}")
 
 
@@ -178,47 +279,39 @@ def _open_new_dir(agent_dir: AgentDir, tmp: str) -> int:
     return top_fd
 
 
-def _stage_new(agent_dir: AgentDir, name: str, files: list[str], helper: str | None,
-               uid: int) -> None:
+def _stage_new(agent_dir: AgentDir, want: Manifest) -> None:
     tmp = f".staging-{secrets.token_hex(8)}"
     os.mkdir(tmp, 0o700, dir_fd=agent_dir.fd)
     try:
         top_fd = _open_new_dir(agent_dir, tmp)
         try:
-            _build(top_fd, files, helper, uid)
-            _hand_over(top_fd, uid)  # last: until now no one else could enter it
+            _build(top_fd, want)
+            os.fchmod(top_fd, 0o755)  # last: until now no one else could enter it
             try:
-                os.rename(tmp, name, src_dir_fd=agent_dir.fd, dst_dir_fd=agent_dir.fd)
-            except OSError:  # another CLI staged the same content meanwhile
-                if not _is_staged_dir(agent_dir, name, uid):
+                os.rename(tmp, want.name, src_dir_fd=agent_dir.fd, dst_dir_fd=agent_dir.fd)
+            except OSError as exc:  # another CLI staged the same content meanwhile?
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or \
+                        not verified(agent_dir, want.name, want):
                     raise
                 return
             mine = os.fstat(top_fd)
             try:
-                now = os.stat(name, dir_fd=agent_dir.fd, follow_symlinks=False)
+                now = os.stat(want.name, dir_fd=agent_dir.fd, follow_symlinks=False)
             except FileNotFoundError:
                 now = None
             if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
                 # what we renamed into place was not our copy (ours was moved away meanwhile)
-                remove_tree(agent_dir, name)
+                agent_dir.remove_tree(want.name)
                 raise _replaced(agent_dir, tmp)
         finally:
             os.close(top_fd)
     finally:
-        remove_tree(agent_dir, tmp)
+        agent_dir.remove_tree(tmp)
 
 
 def remove_tree(agent_dir: AgentDir, name: str) -> None:
-    """Remove ``name`` inside without following any link in it (shutil's fd-based rmtree)."""
-    try:
-        st = os.stat(name, dir_fd=agent_dir.fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        agent_dir.unlink(name)
-        return
-    # the /proc/self/fd path pins the parent; rmtree itself opens each level with O_NOFOLLOW
-    shutil.rmtree(agent_dir.via_fd(name), ignore_errors=True)
+    """Remove ``name`` inside without following any link in it (bounded, no recursion)."""
+    agent_dir.remove_tree(name)
 
 
 def remove_unused(agent_dir: AgentDir, keep: str) -> list[str]:
@@ -240,8 +333,7 @@ def remove_unused(agent_dir: AgentDir, keep: str) -> list[str]:
             continue
         try:
             try:
-                fd = os.open(IN_USE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                             dir_fd=dir_fd)
+                fd = os.open(IN_USE, _READ_FLAGS, dir_fd=dir_fd)
             except OSError:
                 continue  # staged by a version without the marker: cannot tell, keep it
             try:
@@ -249,7 +341,7 @@ def remove_unused(agent_dir: AgentDir, keep: str) -> list[str]:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     continue  # an agent runs from it
-                remove_tree(agent_dir, entry)
+                agent_dir.remove_tree(entry)
                 removed.append(entry)
             finally:
                 os.close(fd)

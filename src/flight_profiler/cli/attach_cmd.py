@@ -19,6 +19,11 @@ from flight_profiler.errors import FlightProfilerError, Interrupted
                    'document; errors as {"error": {...}}.')
 @click.option("--timeout", type=FiniteFloatRange(0.1, 3600), default=10.0, show_default=True,
               help="Seconds to wait for the agent to come up.")
+@click.option("--deadline", type=FiniteFloatRange(0.1, 86400), default=None, metavar="S",
+              help="Seconds a command may run before it is cancelled (wall clock). Default: its "
+                   "own limit (watch/trace --timeout, profile --duration...) plus 30 s for "
+                   "status, stack, detach, torch fr, 300 s for the other torch commands; watch "
+                   "and trace without --timeout run until Ctrl-C. Exit code 13 when it is reached.")
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
               help="How to inject: auto picks sys.remote_exec (Python 3.14, same version as the "
                    "CLI), else the built-in ptrace injector (x86-64), else gdb after a self-test; "
@@ -29,8 +34,9 @@ from flight_profiler.errors import FlightProfilerError, Interrupted
                    "parallel, results labelled by rank (docs/ranks.md).")
 @click.option("--ranks", "ranks_spec", metavar="LIST",
               help="With --all-ranks (implies it): only these ranks, e.g. 0,3-5.")
-def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, method: str,
-           verbose: bool, all_ranks: bool, ranks_spec: str | None) -> None:
+def attach(pid: int, command_line: str | None, as_json: bool, timeout: float,
+           deadline: float | None, method: str, verbose: bool, all_ranks: bool,
+           ranks_spec: str | None) -> None:
     """Attach to the live Python process PID and run COMMAND, or open a shell.
 
     \b
@@ -49,11 +55,11 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
         all_ranks, ranks_spec = all_ranks or typed_all, ranks_spec or typed_spec
     if ranks_cmd.check_options(all_ranks, ranks_spec):
         if command_line is None:
-            ranks_cmd.run_all_ranks_shell(pid, ranks_spec, as_json, timeout, method)
+            ranks_cmd.run_all_ranks_shell(pid, ranks_spec, as_json, timeout, method, deadline)
         else:
             try:
                 every_rank_ok = ranks_cmd.run_all_ranks(pid, command_line, ranks_spec, as_json,
-                                                        timeout, method)
+                                                        timeout, method, deadline)
             except HelpShown as shown:
                 raise click.exceptions.Exit(shown.code) from None
             if not every_rank_ok:  # each rank's failure is shown above
@@ -67,11 +73,11 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
         except HelpShown as shown:
             raise click.exceptions.Exit(shown.code) from None
         if req.cmd == "detach":
-            _detach(pid, timeout, verbose, as_json)
+            _detach(pid, timeout, verbose, as_json, deadline)
             return
         session = connect(pid, timeout=timeout, method=method, verbose=verbose)
         try:
-            completed = execute(session, req, as_json)
+            completed = execute(session, req, as_json, deadline)
         finally:
             session.close()
         if not completed:  # execute() said so when it cancelled the request
@@ -81,12 +87,13 @@ def attach(pid: int, command_line: str | None, as_json: bool, timeout: float, me
 
     session = connect(pid, timeout=timeout, method=method, verbose=verbose)
     try:
-        run_shell(session, as_json)
+        run_shell(session, as_json, deadline)
     finally:
         session.close()
 
 
-def _detach(pid: int, timeout: float, verbose: bool, as_json: bool) -> None:
+def _detach(pid: int, timeout: float, verbose: bool, as_json: bool,
+            deadline: float | None = None) -> None:
     """`detach` never injects: with no agent answering there is nothing to remove."""
     from flight_profiler.api import NotAttached, connect
     from flight_profiler.requests import basic
@@ -101,6 +108,6 @@ def _detach(pid: int, timeout: float, verbose: bool, as_json: bool) -> None:
                             markup=False, highlight=False)
         return
     try:
-        execute(session, basic.detach(), as_json)
+        execute(session, basic.detach(), as_json, deadline)
     finally:
         session.close()

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import click
 
 from flight_profiler.errors import ExitCode, FlightProfilerError, Interrupted, UsageError
+from flight_profiler.safe_text import safe_text
 
 # click >= 8.2 renamed NoArgsIsHelp to NoArgsIsHelpError.
 _NoArgsIsHelp: type[Exception] = (getattr(click.exceptions, "NoArgsIsHelpError", None)
@@ -30,23 +31,26 @@ def print_error(err: FlightProfilerError, as_json: bool, one_line: bool = False)
 
     ``one_line`` is the shell's form (the hint in parentheses), so that the prompt comes back
     right below. An error the command already reported, and an interrupt, print no JSON.
+    Messages often quote what a target or a file said (an agent's error, a name): their control
+    characters are shown escaped (``safe_text``), never sent to the terminal; JSON escapes them.
     """
     if err.reported:
         return
     if isinstance(err, Interrupted):
-        sys.stderr.write(f"{err.message}\n")
+        sys.stderr.write(f"{safe_text(err.message)}\n")
         return
     if as_json:
         sys.stdout.write(json.dumps({"error": err.to_dict()}) + "\n")
         sys.stdout.flush()
         return
+    message, hint = safe_text(err.message), safe_text(err.hint)
     if one_line:
-        hint = f" (hint: {err.hint})" if err.hint else ""
-        sys.stderr.write(f"error: {err.message}{hint}\n")
+        hint = f" (hint: {hint})" if hint else ""
+        sys.stderr.write(f"error: {message}{hint}\n")
         return
-    sys.stderr.write(f"error: {err.message}\n")
-    if err.hint:
-        sys.stderr.write(f"hint: {err.hint}\n")
+    sys.stderr.write(f"error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
 
 
 class _ClickError(FlightProfilerError):

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from flight_profiler.attach.ranks import Job, ProcInfo
+from flight_profiler.safe_text import safe_markup, safe_text
 
 
 def _in_jobs(jobs: list[Job]) -> set[int | None]:
@@ -23,8 +24,9 @@ def ps_document(procs: list[ProcInfo], jobs: list[Job]) -> dict[str, Any]:
 
 
 def _cmd(p: ProcInfo, width: int = 70) -> str:
-    text = " ".join(p.cmdline)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """The command line, cut to ``width``: its user chose it (escape sequences included)."""
+    text = safe_text(" ".join(p.cmdline), None)
+    return safe_markup(text if len(text) <= width else text[: width - 1] + "…", None)
 
 
 def _render(procs: list[ProcInfo], jobs: list[Job]) -> None:
@@ -35,7 +37,7 @@ def _render(procs: list[ProcInfo], jobs: list[Job]) -> None:
     by_pid = {p.pid: p for p in procs}
     for job in jobs:
         launcher = by_pid.get(job.launcher_pid) if job.launcher_pid else None
-        title = (f"job {job.key}: {len(job.ranks)} local rank(s) of world size "
+        title = (f"job {safe_markup(job.key, 200)}: {len(job.ranks)} local rank(s) of world size "
                  f"{job.world_size if job.world_size is not None else '?'}")
         if launcher is not None:
             title += f", torchrun pid {launcher.pid}"
@@ -43,7 +45,8 @@ def _render(procs: list[ProcInfo], jobs: list[Job]) -> None:
         for col in ("RANK", "LOCAL", "PID", "USER", "PYTHON", "TORCH", "COMMAND"):
             table.add_column(col)
         for r in job.ranks:
-            table.add_row(str(r.rank), str(r.local_rank), str(r.pid), r.user, r.python or "?",
+            table.add_row(str(r.rank), str(r.local_rank), str(r.pid), safe_markup(r.user, 64),
+                          safe_markup(r.python or "?", 40),
                           "yes" if r.torch else "no", _cmd(r))
         console.print(table)
         if job.workers:
@@ -56,7 +59,8 @@ def _render(procs: list[ProcInfo], jobs: list[Job]) -> None:
         for col in ("PID", "USER", "PYTHON", "TORCH", "COMMAND"):
             table.add_column(col)
         for p in others:
-            table.add_row(str(p.pid), p.user, p.python or "?", "yes" if p.torch else "no", _cmd(p))
+            table.add_row(str(p.pid), safe_markup(p.user, 64), safe_markup(p.python or "?", 40),
+                          "yes" if p.torch else "no", _cmd(p))
         console.print(table)
     if not procs:
         console.print("no Python process that this user may attach to")

@@ -47,7 +47,7 @@ def _for_rank(req: AgentRequest, rank: int | None) -> AgentRequest:
 
 
 def run_request(targets: list[ProcInfo], req: AgentRequest, timeout: float, method: str,
-                as_json: bool, shown: Rendering) -> list[RankResult]:
+                as_json: bool, shown: Rendering, deadline: float | None = None) -> list[RankResult]:
     """Run ``req`` on every target in parallel; stream events labelled by rank as they come."""
     from flight_profiler.attach.multirank import run_on_ranks
     from flight_profiler.cli.runner import console
@@ -71,13 +71,13 @@ def run_request(targets: list[ProcInfo], req: AgentRequest, timeout: float, meth
                     console().print(f"[bold]rank {rank}[/bold]", highlight=False)
                     shown.event(data, console())
 
-        return session.execute(_for_rank(req, rank), on_event)
+        return session.execute(_for_rank(req, rank), on_event, deadline)
 
     return run_on_ranks(targets, work, timeout, method)
 
 
 def render(results: list[RankResult], req: AgentRequest, shown: Rendering, console: Console) -> None:
-    from rich.markup import escape
+    from flight_profiler.cli.agent_commands.base import txt
 
     if req.cmd == "stack":
         render_grouped_stacks(results, console)
@@ -91,8 +91,8 @@ def render(results: list[RankResult], req: AgentRequest, shown: Rendering, conso
     for r in results:
         if not r.ok and r.error is not None:
             hint = f" (hint: {r.error.get('hint')})" if r.error.get("hint") else ""
-            console.print(f"[red]rank {r.rank} (pid {r.pid}): {escape(str(r.error.get('message')))}"
-                          f"{escape(hint)}[/red]", highlight=False)
+            console.print(f"[red]rank {r.rank} (pid {r.pid}): {txt(r.error.get('message'))}"
+                          f"{txt(hint)}[/red]", highlight=False)
 
 
 def _who(ranks: list[int]) -> str:
@@ -102,8 +102,7 @@ def _who(ranks: list[int]) -> str:
 
 
 def render_grouped_stacks(results: list[RankResult], console: Console) -> None:
-    from rich.markup import escape
-
+    from flight_profiler.cli.agent_commands.base import txt
     from flight_profiler.rank_list import format_ranks
     from flight_profiler.report.rank_stacks import group_stacks
 
@@ -114,22 +113,22 @@ def render_grouped_stacks(results: list[RankResult], console: Console) -> None:
         label = "ranks" if len(g.ranks) > 1 else "rank"
         thread = "" if g.primary else f" [thread {g.thread}]"
         mark = "[bold red]ODD[/bold red] " if g.odd else ""
-        console.print(f"{mark}[bold]{label} {format_ranks(g.ranks)}[/bold]{escape(thread)}: "
-                      f"{escape(g.position.describe())}", highlight=False)
+        console.print(f"{mark}[bold]{label} {format_ranks(g.ranks)}[/bold]{txt(thread, 400)}: "
+                      f"{txt(g.position.describe())}", highlight=False)
         for frame in g.frames:
-            console.print(f'  File "{escape(str(frame.get("file")))}", line {frame.get("line")}, '
-                          f"in [cyan]{escape(str(frame.get('function')))}[/cyan]",
+            console.print(f'  File "{txt(str(frame.get("file")))}", line {frame.get("line")}, '
+                          f"in [cyan]{txt(str(frame.get('function')))}[/cyan]",
                           highlight=False, soft_wrap=True)
         console.print()
     for g in grouping.odd:
         others = grouping.primary[0]
         console.print(f"[bold red]odd:[/bold red] {_who(g.ranks)} at "
-                      f"{escape(g.position.describe())}, while {_who(others.ranks)} at "
-                      f"{escape(others.position.describe())}", highlight=False)
+                      f"{txt(g.position.describe())}, while {_who(others.ranks)} at "
+                      f"{txt(others.position.describe())}", highlight=False)
 
 
 def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: bool,
-                  timeout: float, method: str) -> bool:
+                  timeout: float, method: str, deadline: float | None = None) -> bool:
     """One command on all (or some) local ranks. Returns True when every rank succeeded."""
     from flight_profiler.attach.multirank import to_document
     from flight_profiler.cli.agent_commands import rendering
@@ -142,7 +141,7 @@ def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: 
     targets = job_targets(pid, ranks_spec)
     # one set of renderers for all ranks: a stream's spinner is one line for the whole job
     shown = rendering(req.cmd)
-    results = run_request(targets, req, timeout, method, as_json, shown)
+    results = run_request(targets, req, timeout, method, as_json, shown, deadline)
     if as_json:
         doc = to_document(results, command_line)
         if req.cmd == "stack":
@@ -159,7 +158,7 @@ def run_all_ranks(pid: int, command_line: str, ranks_spec: str | None, as_json: 
 
 
 def run_all_ranks_shell(pid: int, ranks_spec: str | None, as_json: bool, timeout: float,
-                        method: str) -> None:
+                        method: str, deadline: float | None = None) -> None:
     """The interactive shell, each line run on every selected rank."""
     from flight_profiler.cli.output import print_error
     from flight_profiler.rank_list import format_ranks
@@ -185,7 +184,7 @@ def run_all_ranks_shell(pid: int, ranks_spec: str | None, as_json: bool, timeout
             print(help_text(" ".join(words[1:]) or None))
             continue
         try:
-            if not run_all_ranks(pid, line, ranks_spec, as_json, timeout, method):
+            if not run_all_ranks(pid, line, ranks_spec, as_json, timeout, method, deadline):
                 print("some ranks failed (see above)", file=sys.stderr)
         except HelpShown:
             continue

@@ -8,6 +8,7 @@ import click
 
 from flight_profiler.errors import BadInputFile, FindingsThreshold, cannot_write
 from flight_profiler.report.models import SEVERITIES, SEVERITY_RANK
+from flight_profiler.safe_text import safe_text
 
 _EPILOG = """\b
 Inputs are recognised by content: Chrome traces (.json, .json.gz, TensorBoard
@@ -68,7 +69,7 @@ def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json:
         (bad,) = result.errors
         raise BadInputFile(f"{_printable(bad.path)}: {bad.error}", _HINT)
     for bad in result.errors:
-        click.echo(f"warning: {_printable(bad.path)}: {bad.error}", err=True)
+        click.echo(f"warning: {_printable(bad.path)}: {safe_text(bad.error)}", err=True)
     if not result.readable:
         names = ", ".join(_printable(b.path) for b in result.errors[:5]) or "no input"
         more = f" and {len(result.errors) - 5} more" if len(result.errors) > 5 else ""

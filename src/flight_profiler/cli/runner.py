@@ -8,7 +8,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from flight_profiler.cli.agent_commands import rendering
-from flight_profiler.client import RequestInterrupted
+from flight_profiler.cli.agent_commands.base import render_json
+from flight_profiler.client import RequestInterrupted, RequestTimeout
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,8 +34,12 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
+def execute(session: Session, req: AgentRequest, as_json: bool,
+            deadline: float | None = None) -> bool:
     """Run one parsed request on ``session`` and render it. Returns False if interrupted.
+
+    ``deadline``: seconds before the request is cancelled (None: its own limit plus a margin,
+    requests/deadlines.py).
 
     Ctrl-C during a stream sends ``cancel``: the agent removes the request's hooks and sends its
     final result, which is still rendered.
@@ -47,16 +52,17 @@ def execute(session: Session, req: AgentRequest, as_json: bool) -> bool:
         render_event = shown.event
 
         def on_event(data: dict[str, Any]) -> None:
-            if render_event is not None:
-                render_event(data, console())
-            else:
-                console().print_json(json.dumps(data, default=str))
+            (render_event or render_json)(data, console())
 
     def say_cancelling() -> None:
         sys.stderr.write("interrupted: cancelling (the agent removes its hooks)...\n")
 
     try:
-        result = session.execute(req, on_event, on_cancel=say_cancelling)
+        result = session.execute(req, on_event, deadline, on_cancel=say_cancelling)
+    except RequestTimeout as late:
+        if late.partial is not None and not as_json:  # what the agent had at the deadline
+            shown.result(late.partial, console())
+        raise
     except RequestInterrupted as stopped:
         if stopped.error is not None:
             raise stopped.error from None

@@ -12,6 +12,7 @@ from flight_profiler.cli.output import print_error
 from flight_profiler.cli.runner import execute
 from flight_profiler.errors import AgentLost, FlightProfilerError, UsageError
 from flight_profiler.requests import HelpShown, help_text, parse
+from flight_profiler.safe_text import safe_text
 
 if TYPE_CHECKING:
     from flight_profiler.api import Session
@@ -38,7 +39,7 @@ def _save_history(readline: object | None) -> None:
         readline.write_history_file(HISTORY)  # type: ignore[attr-defined]
 
 
-def handle_line(session: Session, line: str, as_json: bool) -> bool:
+def handle_line(session: Session, line: str, as_json: bool, deadline: float | None = None) -> bool:
     """Run one shell line. Returns False when the shell should end."""
     words = line.strip().split(None, 1)
     if not words:
@@ -60,17 +61,18 @@ def handle_line(session: Session, line: str, as_json: bool) -> bool:
         req = parse(line)
     except HelpShown:
         return True
-    execute(session, req, as_json)
+    execute(session, req, as_json, deadline)
     return session.client is not None  # `detach` ends the session
 
 
-def run_shell(session: Session, as_json: bool = False) -> None:
+def run_shell(session: Session, as_json: bool = False, deadline: float | None = None) -> None:
     readline = _setup_readline()
     interactive = sys.stdin.isatty()
     if interactive:
         hello = session.hello
-        print(f"flight_profiler: attached to pid {session.pid} (Python {hello.get('python')}, "
-              f"agent {hello.get('agent_version')}). Type `help`, `quit` to leave.")
+        print(f"flight_profiler: attached to pid {session.pid} (Python "
+              f"{safe_text(hello.get('python'), 40)}, agent {safe_text(hello.get('agent_version'), 40)})"
+              ". Type `help`, `quit` to leave.")
     prompt = f"fp {session.pid}> " if interactive else ""
     try:
         while True:
@@ -84,14 +86,13 @@ def run_shell(session: Session, as_json: bool = False) -> None:
                 print()
                 continue
             try:
-                if not handle_line(session, line, as_json):
+                if not handle_line(session, line, as_json, deadline):
                     break
             except KeyboardInterrupt:
                 print("interrupted", file=sys.stderr)
-            except AgentLost as err:
-                print_error(err, as_json, one_line=True)
-                break
             except FlightProfilerError as err:
                 print_error(err, as_json, one_line=True)
+                if isinstance(err, AgentLost) or session.client is None:
+                    break  # the connection is gone (lost, dropped at a deadline, a frame unread)
     finally:
         _save_history(readline)

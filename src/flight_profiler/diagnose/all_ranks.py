@@ -49,6 +49,32 @@ class JobDiagnosis:
     skipped_phases: str = ""  # why the per-rank workflow did not run
     seconds: float = 0.0
 
+    def gaps(self) -> list[dict[str, Any]]:
+        """The evidence that is missing, per rank: stack samples not taken, a diagnosis that
+        ended with an error (a rank killed mid-run), phases that failed or timed out. Phases
+        skipped on purpose (a stuck job, no CUDA) are not gaps."""
+        from flight_profiler.diagnose.evidence import missing
+
+        out: list[dict[str, Any]] = []
+        for r in self.stack_results:
+            if not r.ok:
+                out.append({"rank": r.rank, "pid": r.pid, "phase": "stacks", "status": "failed",
+                            "reason": str((r.error or {}).get("message", "")),
+                            "hides": "where the rank is (hang, desync, its waits)"})
+        for r in self.rank_results:
+            if not r.ok or r.result is None:
+                out.append({"rank": r.rank, "pid": r.pid, "phase": "diagnosis", "status": "failed",
+                            "reason": str((r.error or {}).get("message", "")),
+                            "hides": "every per-rank phase of this rank"})
+                continue
+            for gap in missing(r.result["diagnosis"]):
+                out.append({"rank": r.rank, "pid": r.pid, **gap})
+        return out
+
+    def collected(self) -> bool:
+        """Anything at all came back from some rank (stack samples or a diagnosis)."""
+        return any(r.ok for r in self.stack_results) or any(r.ok for r in self.rank_results)
+
     def to_dict(self) -> dict[str, Any]:
         ranks: dict[str, Any] = {}
         for r in self.stack_results:
@@ -65,19 +91,50 @@ class JobDiagnosis:
         return {"format": "flight_profiler.diagnose_job", "version": 1, "out_dir": self.out_dir,
                 "seconds": round(self.seconds, 3), "ranks": ranks,
                 "per_rank_phases_skipped": self.skipped_phases or None,
+                "missing": self.gaps(),
                 "outputs": self.outputs,
                 "findings": [f.to_dict() for f in self.report.findings] if self.report else []}
 
 
+def exit_code(job: JobDiagnosis, fail_on: str | None) -> int:
+    """The documented exit code of a job diagnosis (docs/exit-codes.md): 9 when a finding reaches
+    --fail-on; 1 when --fail-on asked for a verdict and no report could be made; 12 when some
+    evidence is missing (a rank not sampled, a rank's diagnosis or some of its phases failed);
+    else 0. When nothing came back from any rank, the ranks' own error decides (see
+    ``nothing_collected``)."""
+    from flight_profiler.errors import ExitCode
+
+    if fail_on and job.report is not None and job.report.reaches(fail_on):
+        return ExitCode.FINDINGS
+    if fail_on and job.report is None:
+        return ExitCode.COMMAND_FAILED
+    if job.gaps():
+        return ExitCode.INCOMPLETE
+    return ExitCode.OK
+
+
+def nothing_collected(job: JobDiagnosis) -> int | None:
+    """When no rank gave anything (every attach failed, every rank dead): the exit code of the
+    ranks' error when they all failed alike (3: gone, 4: not allowed, 6/7: attach), else 1."""
+    from flight_profiler.errors import ExitCode
+
+    if job.collected() or not (job.stack_results or job.rank_results):
+        return None
+    codes = {int((r.error or {}).get("exit_code", ExitCode.COMMAND_FAILED))
+             for r in [*job.stack_results, *job.rank_results] if not r.ok}
+    return codes.pop() if len(codes) == 1 else ExitCode.COMMAND_FAILED
+
+
 def flight_recorder(session: Session) -> dict[str, Any] | None:
-    """The rank's Flight Recorder summary when the job runs with it, else None."""
+    """The rank's Flight Recorder summary; ``{"enabled": false, "reason"}`` when the job runs
+    without it (the report says so); None when it cannot be read."""
     from flight_profiler.errors import FlightProfilerError
 
     try:
         fr = session.request("torch fr")
     except FlightProfilerError:  # no torch, no distributed build, an older agent
         return None
-    return fr if fr.get("enabled") else None
+    return fr if isinstance(fr, dict) else None
 
 
 def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
@@ -115,20 +172,51 @@ def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
     return results, files
 
 
+# Commands that hold every thread of the rank at a safe point while they read its tensors
+# (agent/safepoint.py). See TakeTurns.
+_HOLDING = ("torch tensors", "torch memory", "torch grads")
+
+
+class TakeTurns:
+    """A driver that lets one rank at a time run a command that holds its threads.
+
+    A rank whose threads are held stops in the middle of its step; the other ranks then wait
+    for it in their next collective (for DDP, inside backward, in native code), where their own
+    thread gate cannot hold them (a thread inside a native call is not at a safe point): run at
+    the same moment on every rank, each rank's census waited for the others' and gave up after
+    its 2 s budget on a loaded machine ("thread 'MainThread' stayed inside one native call in
+    _engine_run_backward()"). One at a time, the others run freely meanwhile, so a waiting
+    rank's collective completes and its thread reaches a safe point."""
+
+    def __init__(self, driver: Any, turn: Any) -> None:
+        self.driver = driver
+        self.turn = turn
+        self.injected = getattr(driver, "injected", False)
+
+    def run(self, request: Any, on_event: Any = None, timeout: float | None = None) -> dict[str, Any]:
+        if request.cmd not in _HOLDING or request.args.get("mode") == "record":
+            return self.driver.run(request, on_event, timeout)  # type: ignore[no-any-return]
+        with self.turn:
+            return self.driver.run(request, on_event, timeout)  # type: ignore[no-any-return]
+
+
 def _diagnose_ranks(targets: list[ProcInfo], base: DiagnoseOptions, attach_timeout: float) -> list[RankResult]:
+    import threading
+
     from flight_profiler.attach.multirank import run_on_ranks
     from flight_profiler.diagnose.driver import SessionDriver
     from flight_profiler.diagnose.workflow import run_diagnosis
 
     rank_of = {t.pid: t.rank for t in targets}
     align = ProfileAlignment(len(targets), ALIGN_WAIT_S + 3 * base.timeout)
+    turn = threading.Lock()
 
     def work(session: Session) -> dict[str, Any]:
         options = DiagnoseOptions(pid=session.pid, target=base.target,
                                   out_dir=os.path.join(base.out_dir, f"rank{rank_of[session.pid]}"),
                                   calls=base.calls, duration=base.duration, timeout=base.timeout,
                                   align_profile=align.wait)
-        driver = SessionDriver(session, connect_timeout=attach_timeout)
+        driver = TakeTurns(SessionDriver(session, connect_timeout=attach_timeout), turn)
         return {"diagnosis": run_diagnosis(driver, options, None, session.attach_seconds)}
 
     def done(target: ProcInfo, result: RankResult) -> None:

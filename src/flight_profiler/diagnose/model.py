@@ -81,6 +81,12 @@ class DiagnoseResult:
     finished: float = 0.0
     outputs: dict[str, str] = field(default_factory=dict)  # format -> path of the written report
     attach_seconds: float = 0.0  # connecting (and injecting the agent if none was running)
+    # The step the profile found (report/steps.py): what it is, how it was found, steps/s, and
+    # where the named method sits in it. None without a profile.
+    step: dict[str, Any] | None = None
+    # The DataLoader's share of the loop: timed without the profiler (input phase) and in the
+    # profile's whole steps, each with what it was measured over. None without a DataLoader.
+    dataloader: dict[str, Any] | None = None
 
     def phase(self, name: str) -> PhaseResult | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -103,6 +109,8 @@ class DiagnoseResult:
             "finished": round(self.finished, 3),
             "seconds": round(max(0.0, self.finished - self.started), 3),
             "attach_seconds": round(self.attach_seconds, 3),
+            "step": self.step,
+            "dataloader": self.dataloader,
             "phases": [p.to_dict() for p in self.phases],
             "artefacts": self.artefacts,
             "outputs": dict(self.outputs),

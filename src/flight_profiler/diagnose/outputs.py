@@ -31,18 +31,20 @@ def build_report(result: DiagnoseResult) -> PhaseResult:
     """Analyse the artefacts and write report.{md,json,html} into the output directory."""
     phase = PhaseResult("report", "Report", started=time.time())
     started = time.monotonic()
-    paths = [f for f in result.artefacts if os.path.exists(f)]
+    paths = [f for f in result.artefacts if os.path.lexists(f)]
     try:
         if not paths:
             phase.status, phase.reason = SKIPPED, "no artefact was written to analyse"
             return phase
         from flight_profiler.render.formats import render_report
-        from flight_profiler.report import analyze
 
-        report = analyze(paths)
+        # through descriptors where the target's user could have swapped an artefact
+        report = evidence.analyze_artefacts(paths, evidence.target_uids(result.options.pid))
         # Live evidence no artefact carries (the loop's share, the loaders' settings).
-        report.findings = evidence.merge(result, report.findings)
+        report.findings = evidence.merge(result, report.findings, report.inputs)
         result.report = report
+        result.step = evidence.step_of(report.inputs)
+        result.dataloader = evidence.dataloader_share(result, report.inputs)
         out = result.options.out_dir
         extra = result_sections(result)
         data = report.to_dict()
@@ -83,6 +85,7 @@ def result_sections(result: DiagnoseResult) -> dict[str, Any]:
     trace = result.phase("trace")
     return {
         "target": target.words if target else None,
+        "step": result.step,
         "phases": [{"name": p.name, "title": p.title, "status": p.status, "reason": p.reason,
                     "seconds": round(p.seconds, 3), "command": p.command}
                    for p in result.phases],
@@ -96,9 +99,27 @@ def _status_text(status: str) -> str:
     return {OK: "ok", SKIPPED: "skipped", FAILED: "failed"}.get(status, status.replace("_", " "))
 
 
+def step_line(step: dict[str, Any] | None) -> str:
+    """One sentence: the step found, how, its rate, and where the named method sits in it."""
+    if not step:
+        return "No step found (no profile)."
+    if step.get("kind") == "window":
+        text = f"No step found: {step.get('how')}."
+    else:
+        rate = step.get("steps_per_s")
+        text = (f"The step: {step.get('name')} ({step.get('how')}); {step.get('whole_steps')} whole "
+                "steps in the profile" + (f", {rate:g} steps/s" if rate else "") + ".")
+    method = step.get("method") or {}
+    if method.get("role") == "inside the step" and method.get("calls_per_step"):
+        text += f" {method['name']} runs {method['calls_per_step']:g} time(s) per step, inside it."
+    elif method.get("role"):
+        text += f" {method.get('name')}: {method['role']}."
+    return text
+
+
 def sections_markdown(extra: dict[str, Any]) -> str:
     target = extra.get("target") or "(time window)"
-    lines = [f"## Diagnose workflow: `{target}`", "",
+    lines = [f"## Diagnose workflow: `{target}`", "", step_line(extra.get("step")), "",
              "| phase | status | seconds | note |", "|---|---|---:|---|"]
     for p in extra["phases"]:
         note = p["reason"] or (f"`{p['command']}`" if p["command"] else "")
@@ -140,6 +161,7 @@ def sections_html(extra: dict[str, Any]) -> str:
         f"<td>{p['seconds']:.2f}</td><td>{e(p['reason'] or p['command'])}</td></tr>"
         for p in extra["phases"])
     parts = [f"<section id=\"diagnose\"><h2>Diagnose workflow: <code>{e(target)}</code></h2>",
+             f"<p>{e(step_line(extra.get('step')))}</p>",
              "<table><tr><th>phase</th><th>status</th><th>seconds</th><th>note</th></tr>",
              rows, "</table>"]
     gaps = extra.get("missing_evidence") or []
@@ -178,23 +200,69 @@ def _inject_html(page: str, section: str) -> str:
 
 
 def prepare_out_dir(path: str, pid: int) -> None:
-    """Create the output directory; the agent (running as the target's user) writes into it."""
+    """Create the output directory; the agent (running as the target's user) writes into it.
+
+    As root diagnosing another user's job, a directory made here is handed to that user
+    (fchown on the descriptor of the very directory made, so that their agent can write its
+    artefacts); an existing directory is never handed over: if that user cannot write in it,
+    the diagnosis is refused before the target is touched.
+    """
     from flight_profiler.errors import UsageError
 
+    created = False
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            os.mkdir(path)
+            created = True
+        except FileExistsError:
+            pass
     except OSError as exc:
         raise UsageError(f"cannot create the output directory {path}: {exc.strerror}",
                          "pass a writable --out DIR") from None
-    if os.geteuid() == 0:
-        # Root diagnosing another user's job: let that user's agent write the artefacts.
-        # /proc/PID belongs to the process' effective uid and gid.
-        try:
-            owner = os.stat(f"/proc/{pid}")
-            if owner.st_uid != 0 and not os.listdir(path):
-                os.chown(path, owner.st_uid, owner.st_gid)
-        except OSError:
-            pass
+    writer = _writer_of(pid) if os.geteuid() == 0 else None
+    if writer is None or writer[0] == 0:
+        return
+    uid, gid, groups = writer
+    try:
+        # what we made is entered without following a link (it may have been swapped since)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                     | (os.O_NOFOLLOW if created else 0))
+    except OSError as exc:
+        raise UsageError(f"cannot use the output directory {path}: {exc.strerror}",
+                         "pass a directory path") from None
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == 0:
+            os.fchown(fd, uid, gid)  # the directory made just now, and only that one
+        elif not _writable_by(st, uid, groups):
+            raise UsageError(
+                f"--out {path} exists and uid {uid}, whose job this is, cannot write its "
+                "artefacts in it (an existing directory is never handed over)",
+                f"pass a directory that does not exist yet (it is made for uid {uid}), or one "
+                f"uid {uid} can write")
+    finally:
+        os.close(fd)
+
+
+def _writer_of(pid: int) -> tuple[int, int, set[int]] | None:
+    """The uid and gid the target's agent creates files as (file-system ids), and its groups."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        uid, gid = int(fields["Uid"].split()[3]), int(fields["Gid"].split()[3])
+        groups = {int(g) for g in fields.get("Groups", "").split()} | {gid}
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    return uid, gid, groups
+
+
+def _writable_by(st: os.stat_result, uid: int, groups: set[int]) -> bool:
+    if st.st_uid == uid:
+        return st.st_mode & 0o300 == 0o300
+    if st.st_gid in groups:
+        return st.st_mode & 0o030 == 0o030
+    return st.st_mode & 0o003 == 0o003
 
 
 def verdict(code: int, fail_on: str | None, gaps: int) -> FlightProfilerError:

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from flight_profiler.safe_text import safe_text
+
 if TYPE_CHECKING:
     from flight_profiler.diagnose.model import PhaseResult
 
@@ -54,7 +56,7 @@ class PlainProgress:
         self._prefix = ""
 
     def _write(self, text: str) -> None:
-        self.stream.write(text + "\n")
+        self.stream.write(safe_text(text) + "\n")  # reasons quote the agent's errors
         self.stream.flush()
 
     def phase(self, index: int, total: int, title: str) -> None:
@@ -97,7 +99,7 @@ class RichProgress:
 
         line = Text(self._title, style="bold")
         if self._text:
-            line.append(f": {self._text}")
+            line.append(f": {safe_text(self._text)}")
         line.append(f" ({time.monotonic() - self._started:.0f}s)", style="dim")
         return line
 
@@ -115,7 +117,7 @@ class RichProgress:
         self._refresh()
 
     def done(self, result: PhaseResult) -> None:
-        from rich.markup import escape
+        from flight_profiler.safe_text import safe_markup as escape  # reasons quote the agent
 
         style = {"ok": "green", "skipped": "yellow"}.get(result.status, "red")
         self.console.print(f"[{style}]{'✓' if result.status == 'ok' else '-'}[/{style}] "

@@ -19,6 +19,11 @@ from flight_profiler.requests import AgentRequest
 
 # The driver cancels a command this long after the limit the command itself was given.
 BACKSTOP_S = 15.0
+# Events a phase keeps for its summary (--calls is at most 10,000, one event per call): an agent
+# that streams more cannot grow the diagnosis without bound (the rest are counted, not kept).
+MAX_KEPT_EVENTS = 20_000
+# A call at least this long is costly to record or trace (see Run.calls_for).
+HEAVY_CALL_MS = 50.0
 
 
 def calls_seen(event: dict[str, Any], seen: int) -> int:
@@ -56,6 +61,16 @@ class Run:
     method_called: bool | None = None  # None: no method given or not checked yet
     census_before_at: float = 0.0
     watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
+    first_call_ms: float | None = None  # the cost of the call the locate phase saw
+
+    def calls_for(self, heavy_cap: int) -> int:
+        """Calls a costly phase observes: ``--calls``, or at most ``heavy_cap`` when one call
+        of the method takes long (a whole LBFGS step: recording or tracing each of them costs
+        seconds and tens of MB)."""
+        calls = self.options.calls
+        if self.first_call_ms is not None and self.first_call_ms >= HEAVY_CALL_MS:
+            return min(calls, heavy_cap)
+        return calls
 
     def path(self, name: str) -> str:
         """An artefact's path (the request's line quotes it if it needs quoting)."""
@@ -82,7 +97,11 @@ class Run:
 
         def on_event(data: dict[str, Any]) -> None:
             seen[0] = calls_seen(data, seen[0])
-            phase.data.setdefault("events", []).append(data)
+            kept = phase.data.setdefault("events", [])
+            if len(kept) < MAX_KEPT_EVENTS:
+                kept.append(data)
+            else:
+                phase.data["events_not_kept"] = phase.data.get("events_not_kept", 0) + 1
             if expect_calls and target is not None:
                 if seen[0] >= expect_calls:
                     self.progress.waiting(f"{expect_calls} of {expect_calls} calls seen; the "

@@ -27,12 +27,16 @@ def to_json(result: DiagnoseResult, exit_code: int) -> dict[str, Any]:
 
 
 def render(result: DiagnoseResult, console: Console, top: int = 5) -> None:
-    from rich.markup import escape
+    from flight_profiler.safe_text import safe_markup as escape  # text from the target or files
 
     o = result.options
     target = o.target.words if o.target else "a time window"
     console.print(f"[bold]flight_profiler diagnose[/bold] pid {o.pid}, {escape(target)} "
                   f"({result.finished - result.started:.1f}s)", highlight=False)
+    if result.step:
+        from flight_profiler.diagnose.outputs import step_line
+
+        console.print(f"  [dim]{escape(step_line(result.step))}[/dim]", highlight=False)
     not_ok = [p for p in result.phases if p.status != OK]
     no_cuda = [p for p in not_ok if p.reason.startswith("no CUDA")]
     if no_cuda:

@@ -8,9 +8,10 @@ torch not imported, no method given, the method not called in time). A phase tha
 skipped never stops the others; only a target that does not exist (a typo in the module or
 method) ends the diagnosis, since every later phase would fail the same way.
 
-Order matters: the "before" snapshot and census come first, the "after" ones last with at least
-``options.duration`` seconds of the job running in between, so that the report engine can see
-growth; the profile comes before watch/trace so that their hooks cannot distort it.
+Order matters: the "before" snapshot and census come first, a "middle" census at least half of
+``options.duration`` later, the "after" ones last with at least ``options.duration`` seconds of
+the job running in between, so that the report engine can judge growth over three censuses; the
+profile comes before watch/trace so that their hooks cannot distort it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ from flight_profiler.requests import torch as torch_requests
 # _call_impl -> forward eat several), and rows shown in the report once chains are collapsed.
 TRACE_DEPTH = 8
 WHERE_LEVELS = 3
+# The input phase's shortest look at a loop (whose method keeps it busy, or no method): enough
+# batches for the timed DataLoader share (3 whole periods at least) at ~2 batches/s.
+INPUT_SAMPLE_S = 2.0
+# Without a method the loop's period is unknown: a longer look.
+WINDOW_SAMPLE_S = 3.0
+# Calls the profile window holds at most: whole steps around them (3 or more) are what the
+# report needs; every profiled step of a Python-heavy loop costs seconds (the profiler records
+# each operator and Python call) and megabytes of trace.
+PROFILE_CALLS = 5
+# Calls recorded and traced when one call of the method is costly (Run.calls_for).
+HEAVY_CALLS = 3
 
 
 # -- phases -----------------------------------------------------------------------------------
@@ -75,6 +87,7 @@ def phase_locate(run: Run, phase: PhaseResult) -> None:
         raise Skip(f"{target.label} was not called within {t:g}s: the phases that observe its "
                    "calls are skipped")
     phase.data["first_call_ms"] = round(costs[0], 4) if costs else None
+    run.first_call_ms = costs[0] if costs else None
 
 
 def phase_memory(run: Run, phase: PhaseResult) -> None:
@@ -100,13 +113,45 @@ def phase_snapshot_after(run: Run, phase: PhaseResult) -> None:
     _snapshot(run, phase, "snapshot-after.pickle")
 
 
-def phase_census_before(run: Run, phase: PhaseResult) -> None:
+def _census(run: Run, phase: PhaseResult, name: str, previous: str | None) -> dict[str, Any]:
+    """One census of the series (before, middle, after), each compared with the one before it.
+
+    With a method that is being called, it is taken right after the method's next call returns
+    (`torch tensors METHOD`): every census of the series then sees the program at the same point
+    of its step, and a running forward's locals cannot take the credit for what the loop holds.
+    """
     run.require_torch()
-    path = run.path("census-before.json")
-    result = run.command(phase, torch_requests.tensors(file=path))
-    run.census_before_at = time.monotonic()
+    path = run.path(name)
+    o = run.options
+    target = run.words() if o.target is not None and run.method_called else ()
+    diff = previous if previous is not None and os.path.exists(previous) else None
+    result = run.command(phase, torch_requests.tensors(
+        target, file=path, diff=diff, timeout=o.timeout if target else None))
     expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
+    phase.data["moment"] = result.get("moment")
+    return result
+
+
+def _let_it_run(run: Run, seconds: float) -> None:
+    """Growth needs time: let the job run until ``seconds`` after the first census."""
+    if run.census_before_at:
+        left = seconds - (time.monotonic() - run.census_before_at)
+        if left > 0:
+            run.progress.waiting(f"letting the job run {left:.0f}s more to measure growth")
+            time.sleep(left)
+
+
+def phase_census_before(run: Run, phase: PhaseResult) -> None:
+    _census(run, phase, "census-before.json", None)
+    run.census_before_at = time.monotonic()
+
+
+def phase_census_middle(run: Run, phase: PhaseResult) -> None:
+    # Growth is judged over three censuses at least (report/census_growth.py): two points
+    # cannot tell a leak from a cache filling up or a step caught at two moments.
+    _let_it_run(run, run.options.duration / 2)
+    _census(run, phase, "census-middle.json", run.path("census-before.json"))
 
 
 def phase_profile(run: Run, phase: PhaseResult) -> None:
@@ -117,13 +162,26 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         run.progress.waiting("waiting for the other ranks, to profile the same window")
         phase.data["aligned"] = o.align_profile()
     if o.target is not None and run.method_called:
-        # A schedule marks each call as a ProfilerStep (per-step figures in the report); its one
-        # warm-up call keeps first-call effects out of the trace.
-        request = torch_requests.profile(run.words(), schedule=f"0,1,{o.calls}", file=path,
-                                         profile_memory=True, with_stack=True, timeout=o.timeout)
-        result = run.command(phase, request, expect_calls=o.calls + 1)
-        phase.data["mode"] = f"next {o.calls} calls of {o.target.label} (after 1 warm-up call)"
-        _note_partial(phase, result, o.calls + 1)
+        # All threads around the next calls: whole steps, wherever the method runs in them
+        # (a forward's outputs are freed and its graph used by the backward after it returns);
+        # the report finds the step from the marked calls and optimizer steps.
+        calls = min(o.calls, PROFILE_CALLS)
+        request = torch_requests.profile(run.words(), calls=calls, window=True,
+                                         duration=o.duration, file=path, profile_memory=True,
+                                         with_stack=True, timeout=o.timeout)
+        result = run.command(phase, request, expect_calls=calls)
+        if result.get("mode") == "around":
+            steps = ", ".join(f"optimizer {k}: {n} steps"
+                              for k, n in (result.get("optimizer_steps") or {}).items())
+            phase.data["mode"] = (f"all threads around {result.get('calls_entered')} calls of "
+                                  f"{o.target.label}, {result.get('duration_s')}s"
+                                  + (f" ({steps})" if steps else ""))
+        elif result.get("holds_step"):
+            phase.data["mode"] = (f"each call of {o.target.label} holds a whole step: its next "
+                                  f"{calls} calls, one session each (after 1 warm-up call)")
+        else:
+            phase.data["mode"] = f"next {calls} calls of {o.target.label} (one session each)"
+        _note_partial(phase, result, calls)
     else:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
         request = torch_requests.profile(duration=o.duration, file=path, profile_memory=True,
@@ -141,10 +199,11 @@ def phase_record(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
     path = run.path("record.pickle")
-    request = torch_requests.memory(run.words(), record=True, calls=o.calls, file=path,
+    calls = run.calls_for(HEAVY_CALLS)
+    request = torch_requests.memory(run.words(), record=True, calls=calls, file=path,
                                     timeout=o.timeout)
-    result = run.command(phase, request, expect_calls=o.calls)
-    _note_partial(phase, result, o.calls)
+    result = run.command(phase, request, expect_calls=calls)
+    _note_partial(phase, result, calls)
     expect_file(phase, path)
 
 
@@ -196,12 +255,15 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     run.require_torch()
     watch = run.watch_loop or {}
     idle = bool(watch) and float(watch.get("busy_share", 1.0)) < stats.BUSY_SHARE_IDLE
-    # Long enough to see a few loop periods, short enough not to slow the diagnosis down.
+    # Long enough to see a few loop periods (the DataLoader's share is timed over whole batch
+    # periods, see report/live_loop.py), short enough not to slow the diagnosis down.
     period_s = float(watch.get("period_ms", 0.0)) / 1000.0 if watch else 0.0
-    sample = min(5.0, max(1.0, 5 * period_s)) if idle or run.options.target is None else 0.5
+    floor = 1.0 if idle else INPUT_SAMPLE_S if run.options.target is not None else WINDOW_SAMPLE_S
+    sample = min(5.0, max(floor, 5 * period_s))
     result = run.command(phase, basic.dataloader(sample=sample), timeout=sample + 10)
     phase.data["loaders"] = result.get("loaders") or []
     phase.data["threads"] = result.get("threads") or []
+    phase.data["next_timing"] = result.get("next_timing") or []
     phase.data["sampled_s"] = result.get("sampled_s")
     phase.data["cpus"] = result.get("cpus")
     if watch:
@@ -214,9 +276,10 @@ def phase_trace(run: Run, phase: PhaseResult) -> None:
     assert o.target is not None
     try:
         # -i 0.01: keep callees down to 10 us so that small Python-level costs still add up.
-        request = hooks.trace(run.words(), count=o.calls, min_ms=0.01, depth=TRACE_DEPTH,
+        calls = run.calls_for(HEAVY_CALLS)
+        request = hooks.trace(run.words(), count=calls, min_ms=0.01, depth=TRACE_DEPTH,
                               timeout=o.timeout)
-        result = run.command(phase, request, expect_calls=o.calls)
+        result = run.command(phase, request, expect_calls=calls)
     except PhaseTimeout as exc:
         _summarise_trace(phase, exc.partial or {})
         raise
@@ -233,20 +296,10 @@ def _summarise_trace(phase: PhaseResult, result: dict[str, Any]) -> None:
 
 
 def phase_census_after(run: Run, phase: PhaseResult) -> None:
-    run.require_torch()
-    o = run.options
-    if run.census_before_at:
-        # Growth needs time: let the job run at least `duration` seconds between the censuses.
-        left = o.duration - (time.monotonic() - run.census_before_at)
-        if left > 0:
-            run.progress.waiting(f"letting the job run {left:.0f}s more to measure growth")
-            time.sleep(left)
-    path = run.path("census-after.json")
-    before = run.path("census-before.json")
-    request = torch_requests.tensors(file=path, diff=before if os.path.exists(before) else None)
-    result = run.command(phase, request)
-    expect_file(phase, path)
-    phase.data["totals"] = result.get("totals")
+    _let_it_run(run, run.options.duration)
+    middle = run.path("census-middle.json")
+    _census(run, phase, "census-after.json",
+            middle if os.path.exists(middle) else run.path("census-before.json"))
     if run.census_before_at:
         phase.data["seconds_since_before"] = round(time.monotonic() - run.census_before_at, 2)
 
@@ -262,6 +315,7 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
     ("profile", "Profile with memory", phase_profile),
     ("record", "Record allocations during the method", phase_record),
     ("watch", "Watch the method's cost", phase_watch),
+    ("census-middle", "Tensor census (middle)", phase_census_middle),
     ("input", "DataLoaders, and where the loop waits", phase_input),
     ("trace", "Trace where the time goes", phase_trace),
     ("census-after", "Tensor census (after)", phase_census_after),

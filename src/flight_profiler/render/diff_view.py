@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flight_profiler.render.safe_report import safe_copy
 from flight_profiler.report.diff import Change, Diff, fmt_value
 
 if TYPE_CHECKING:
@@ -27,23 +28,27 @@ def _delta(c: Change) -> str:
 
 def print_diff(diff: Diff, console: Console | None = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Column, Table
 
+    diff = safe_copy(diff)
     console = console or Console()
-    console.print(f"[bold]{diff.verdict}[/bold]")
-    console.print(f"before: {diff.before}\nafter:  {diff.after}")
+    console.print(f"[bold]{escape(diff.verdict)}[/bold]")
+    console.print(f"before: {escape(diff.before)}\nafter:  {escape(diff.after)}", highlight=False)
     for title, rows in diff.sections.items():
         if not rows:
             continue
         t = Table(Column(title, overflow="fold"), "before", "after", "change")
         for c in rows:
-            t.add_row(_name(c.what), fmt_value(c.before, c.unit), fmt_value(c.after, c.unit), _delta(c))
+            t.add_row(escape(_name(c.what)), fmt_value(c.before, c.unit), fmt_value(c.after, c.unit),
+                      _delta(c))
         console.print(t)
     for note in diff.notes:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(f"[dim]{escape(note)}[/dim]", highlight=False)
 
 
 def diff_markdown(diff: Diff) -> str:
+    diff = safe_copy(diff)
     lines = [f"# {diff.verdict}", "", f"- before: `{diff.before}`", f"- after: `{diff.after}`", ""]
     for title, rows in diff.sections.items():
         if not rows:

@@ -16,6 +16,7 @@ from flight_profiler.render.report_summary import (
     perf_rows,
     quiet_text,
 )
+from flight_profiler.render.safe_report import safe_copy
 from flight_profiler.render.svg_charts import busy_timeline, hbars, line_chart, step_chart
 from flight_profiler.report.models import Report
 from flight_profiler.report.units import fmt_us
@@ -83,6 +84,7 @@ def _charts(report: Report) -> str:
 
 
 def render_html(report: Report) -> str:
+    report = safe_copy(report)  # control characters and bidi overrides shown, then HTML-escaped
     P: list[str] = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
                     "<title>flight_profiler report</title>", f"<style>{_CSS}</style></head><body>",
                     "<h1>flight_profiler report</h1>",

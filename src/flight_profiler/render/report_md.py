@@ -15,6 +15,7 @@ from flight_profiler.render.report_summary import (
     perf_rows,
     quiet_text,
 )
+from flight_profiler.render.safe_report import safe_copy
 from flight_profiler.report.models import Report
 
 _ICON = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
@@ -33,6 +34,7 @@ def _table(rows: Sequence[Mapping[str, object]], cols: list[str]) -> list[str]:
 
 
 def render_markdown(report: Report) -> str:
+    report = safe_copy(report)  # every name from the inputs shown escaped (`cat report.md`)
     L: list[str] = ["# flight_profiler report", ""]
     L.append("Inputs:")
     for inp in report.inputs:

@@ -18,9 +18,11 @@ from flight_profiler.render.report_summary import (
     short_name,
     trace_label,
 )
+from flight_profiler.render.safe_report import safe_copy
 from flight_profiler.report.models import Finding, InputResult, Report
 from flight_profiler.report.thresholds import T
 from flight_profiler.report.units import fmt_pct, fmt_us
+from flight_profiler.safe_text import safe_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,7 +39,11 @@ def _cost_text(f: Finding) -> str:
 
 
 def verdict(report: Report) -> str:
-    """One line: the problem to fix first, or that there is none."""
+    """One line: the problem to fix first, or that there is none (its names made safe)."""
+    return safe_text(_verdict(report))
+
+
+def _verdict(report: Report) -> str:
     problems = [f for f in report.findings if f.severity != "info"]
     if not problems:
         if not report.readable:
@@ -64,6 +70,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    report = safe_copy(report)  # every name from the inputs shown escaped, never run
     con = console or Console()
     width = max(60, min(con.width, 120))
     inner = width - INDENT
@@ -119,7 +126,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
             mt.add_column(col, overflow="ellipsis", no_wrap=col != "allocated",
                           max_width=28 if col == "source" else None)
         for r in mem:
-            mt.add_row(*(r[c] for c in ("source", "device", "allocated", "reserved", "peak")))
+            # Text, not markup: a file named "[/x]" is a name, not a style tag
+            mt.add_row(*(Text(r[c]) for c in ("source", "device", "allocated", "reserved", "peak")))
         con.print(mt)
         con.print()
 
@@ -204,6 +212,6 @@ def _trace_block(con: Console, inp: InputResult, inner: int) -> None:
         t.add_column("calls", justify="right", no_wrap=True)
         t.add_column("time", justify="right", no_wrap=True)
         for kind, name, calls, time in rows:
-            t.add_row(kind, short_name(name, name_w), calls, time)
+            t.add_row(kind, Text(short_name(name, name_w)), calls, time)
         con.print(Padding(t, (0, 0, 0, INDENT)))
     con.print()

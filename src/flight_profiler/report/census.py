@@ -1,4 +1,9 @@
-"""Tensor censuses (``torch tensors`` output, format ``flight_profiler.census`` version 1)."""
+"""Tensor censuses (``torch tensors`` output, format ``flight_profiler.census`` version 1).
+
+Fields added later to version 1 are optional and read when present: per holder ``root``,
+``depth``, ``cap`` / ``length``, ``kept`` / ``sampled`` / ``chained``; per census ``census_id``,
+``previous_id`` and ``moment`` (docs/commands-torch.md). A census without them is judged as
+before (census_growth.py says how)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 
 FORMAT = "flight_profiler.census"
 VERSIONS = (1,)
+ROOTS = ("global", "local", "return", "unreached")
 
 
 class CensusFormatError(ValueError):
@@ -53,11 +59,19 @@ def parse_census(text: str) -> dict[str, Any]:
     for h in obj.get("holders") or []:
         if not isinstance(h, dict) or not isinstance(h.get("path"), str):
             raise CensusFormatError("a holder has no 'path'")
-        holders.append({
+        row = {
             "path": h["path"][:1000], "example": str(h.get("example", h["path"]))[:1000],
             "kind": str(h.get("kind", "?"))[:100], "count": _int(h, "count"), "bytes": _int(h, "bytes"),
             "with_grad_fn": _int(h, "with_grad_fn"), "graph_bytes": _int(h, "graph_bytes"),
-        })
+        }
+        if h.get("root") in ROOTS:
+            row["root"] = h["root"]
+        for key in ("depth", "cap", "length", "kept", "sampled"):
+            if key in h and h[key] is not None:
+                row[key] = _int(h, key)
+        if type(h.get("chained")) is bool:
+            row["chained"] = h["chained"]
+        holders.append(row)
     groups = [g for g in (obj.get("groups") or []) if isinstance(g, dict)]
     sites = [s for s in (obj.get("sites") or []) if isinstance(s, dict) and "site" in s]
     time = obj.get("time")
@@ -79,4 +93,12 @@ def parse_census(text: str) -> dict[str, Any]:
         "groups": groups[:50],
         "sites": sites[:50],
         "skipped": obj.get("skipped") if isinstance(obj.get("skipped"), dict) else None,
+        "census_id": _text(obj.get("census_id"), 64),
+        "holders_complete": obj.get("holders_complete") is not False,
+        "previous_id": _text(obj.get("previous_id"), 64),
+        "moment": _text(obj.get("moment"), 300),
     }
+
+
+def _text(v: Any, limit: int) -> str | None:
+    return v[:limit] if isinstance(v, str) else None

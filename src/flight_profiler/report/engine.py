@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from flight_profiler.report.cost import settle
 from flight_profiler.report.loaders import expand, load_one
 from flight_profiler.report.models import Finding, InputResult, Report
 from flight_profiler.report.rules import Context, all_rules
@@ -101,6 +102,7 @@ def analyze(paths: Iterable[str], jobs: int | None = None) -> Report:
     findings: list[Finding] = []
     for rule in all_rules():
         findings.extend(rule.check(ctx))
+    settle(findings)  # the stated margin around severity lines
     tag_ranks(inputs, findings)
     findings.sort(key=Finding.order)
     return Report(inputs=inputs, findings=findings, series=_series_data(ctx))

@@ -1,4 +1,5 @@
-"""Per-rank figures the job rules compare across ranks: compute versus collective time.
+"""Per-rank figures the job rules compare across ranks: compute versus collective time, and
+where the training thread's time goes (``work``: see job_work.py).
 
 Collectives are what a rank spends waiting for the others in: NCCL kernels on the GPU, and on
 the CPU the ``c10d::`` operators and the backend's own annotations (``gloo:all_reduce``,
@@ -16,7 +17,7 @@ from flight_profiler.report.trace_loader import ANNOTATION, COMM, COMPUTE, CPU_O
 _COMM_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
 
 
-def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
     for s, e in sorted(intervals):
         if out and s <= out[-1][1]:
@@ -27,11 +28,11 @@ def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _total(intervals: list[tuple[float, float]]) -> float:
+def total(intervals: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     """Length of ``a`` outside ``b`` (both merged and sorted)."""
     total = 0.0
     j = 0
@@ -75,25 +76,31 @@ def job_metrics(raw: RawTrace) -> dict[str, Any]:
     for i in range(len(raw.g_ts)):
         if raw.g_kind[i] == COMM:
             comm.append((raw.g_ts[i], raw.g_end[i]))
-    comm_m = _merge(comm)
+    comm_m = merge(comm)
     if raw.g_ts:
-        compute_m = _merge([(raw.g_ts[i], raw.g_end[i]) for i in range(len(raw.g_ts))
+        compute_m = merge([(raw.g_ts[i], raw.g_end[i]) for i in range(len(raw.g_ts))
                             if raw.g_kind[i] == COMPUTE])
-        compute_us = _minus(compute_m, comm_m)
+        compute_us = minus(compute_m, comm_m)
         source = "gpu"
     else:
-        compute_us = _minus(_merge(cpu), comm_m)
+        compute_us = minus(merge(cpu), comm_m)
         source = "cpu"
     span = (raw.span_end - raw.span_ts) if raw.span_end > raw.span_ts else 0.0
     if raw.trace_window:
         span = max(span, raw.trace_window[1] - raw.trace_window[0])
     info = raw.meta.get("distributedInfo")
+    work = None
+    if isinstance(info, dict) or comm_calls:
+        from flight_profiler.report.job_work import training_work
+
+        work = training_work(raw)
     return {
         "compute_us": round(compute_us, 3),
-        "collective_us": round(_total(comm_m), 3),
+        "collective_us": round(total(comm_m), 3),
         "collective_calls": comm_calls,
         "span_us": round(span, 3),
         "source": source,
         "backend": info.get("backend") if isinstance(info, dict) else None,
         "world_size": info.get("world_size") if isinstance(info, dict) else None,
+        "work": work,
     }

@@ -55,6 +55,15 @@ class Finding:
     ranks: list[int] | None = None
     # Performance findings: what the fix would recover; None for memory findings.
     cost: Cost | None = None
+    # Near a severity line: why the lower verdict was given (report/cost.py judge); "" if clear.
+    borderline: str = ""
+
+    def mark_borderline(self, note: str) -> None:
+        """Say, in the title and the evidence, that the verdict sits on a line."""
+        self.borderline = note
+        if "borderline" not in self.title:
+            self.title += " (borderline)"
+        self.evidence.append(note)
 
     @property
     def cost_pct(self) -> float:
@@ -78,6 +87,7 @@ class Finding:
             "fix": list(self.fix), "root_cause": self.root_cause, "inputs": list(self.inputs),
             "metrics": self.metrics,
             **({"ranks": list(self.ranks)} if self.ranks is not None else {}),
+            **({"borderline": self.borderline} if self.borderline else {}),
             "cost": self.cost.to_dict() if self.cost is not None else None,
         }
 

@@ -11,34 +11,48 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from flight_profiler.report.stacks import where_frame
+
 # torch.distributed's Python entry points of collectives (the wait happens inside them).
 _C10D_FILES = ("distributed_c10d.py",)
-_DATA_DIR = os.sep.join(("torch", "utils", "data")) + os.sep
-_TORCH_DIR = os.sep + "torch" + os.sep
+_DATA_DIR = "torch/utils/data/"
+# autograd's entry points: a DDP model's gradient all-reduce runs inside them, in C++ hooks.
+_BACKWARD = ("torch/autograd/__init__.py", "torch/autograd/graph.py", "torch/_tensor.py")
 
 
 @dataclass(frozen=True)
 class Position:
-    """What a rank's busiest thread is doing, and the user's line that got it there."""
+    """What a rank's busiest thread is doing, and the program's line that got it there."""
 
-    kind: str  # collective | data | python | idle
+    kind: str  # collective | data | backward | python | idle
     op: str | None  # the collective (all_reduce, barrier...) when kind == "collective"
-    where: str  # "train.py:88" (the user's frame)
-    function: str  # the user's function at ``where``
+    where: str  # "train.py:88": the innermost frame of the program's own code
+    function: str  # the program's function at ``where``
     path: str = ""  # full file name of ``where``
+    # The library frames inside ``where``, innermost last: what the line is blocked in
+    # ("Queue.get at queue.py:171", "Condition.wait at threading.py:327").
+    context: tuple[str, ...] = ()
 
     def describe(self) -> str:
+        inside = f", in {self.inside()}" if self.context else ""
         if self.kind == "collective":
             return f"{self.op} at {self.where} (in {self.function})"
         if self.kind == "data":
-            return f"data loading at {self.where} (in {self.function})"
+            return f"data loading at {self.where} (in {self.function}{inside})"
+        if self.kind == "backward":
+            return f"backward at {self.where} (in {self.function})"
         if self.kind == "idle":
             return "no Python frame (idle or in native code)"
-        return f"{self.function} at {self.where}"
+        return f"{self.function} at {self.where}{inside}"
+
+    def inside(self, frames: int = 2) -> str:
+        """The innermost library frames, innermost first: ``Condition.wait at threading.py:327
+        < Queue.get at queue.py:171``."""
+        return " < ".join(reversed(self.context[-frames:]))
 
 
-def _is_torch(path: str) -> bool:
-    return _TORCH_DIR in path or path.startswith("torch" + os.sep)
+def _path(frame: dict[str, Any]) -> str:
+    return str(frame.get("file", "")).replace("\\", "/")
 
 
 def _site(frame: dict[str, Any]) -> tuple[str, str, str]:
@@ -46,28 +60,35 @@ def _site(frame: dict[str, Any]) -> tuple[str, str, str]:
     return f"{os.path.basename(path)}:{frame.get('line', '?')}", str(frame.get("function", "?")), path
 
 
+def _label(frame: dict[str, Any]) -> str:
+    where, function, _ = _site(frame)
+    return f"{function} at {where}"
+
+
 def position(frames: list[dict[str, Any]]) -> Position:
     """Classify one thread's stack (outermost frame first)."""
     if not frames:
         return Position("idle", None, "-", "-")
+    paths = [_path(f) for f in frames]
     collective: str | None = None
-    data = False
-    user: dict[str, Any] | None = None
-    for frame in frames:
-        path = str(frame.get("file", ""))
+    data = backward = False
+    for frame, path in zip(frames, paths):
         if path.endswith(_C10D_FILES):
             collective = str(frame.get("function", "?"))  # innermost c10d frame wins
         elif _DATA_DIR in path:
             data = True
-        if not _is_torch(path) and collective is None and not data:
-            user = frame  # the last frame of the user's own code before torch took over
-    chosen = user or frames[-1]
-    where, function, path = _site(chosen)
+        elif path.endswith(_BACKWARD) and "backward" in str(frame.get("function", "")):
+            backward = True
+    at, inside = where_frame(paths)
+    where, function, path = _site(frames[at])
+    context = tuple(_label(frames[i]) for i in inside)
     if collective is not None:
-        return Position("collective", collective.rsplit(".", 1)[-1], where, function, path)
+        return Position("collective", collective.rsplit(".", 1)[-1], where, function, path, context)
     if data:
-        return Position("data", None, where, function, path)
-    return Position("python", None, where, function, path)
+        return Position("data", None, where, function, path, context)
+    if backward:
+        return Position("backward", None, where, function, path, context)
+    return Position("python", None, where, function, path, context)
 
 
 def primary_thread(result: dict[str, Any]) -> dict[str, Any] | None:
@@ -110,6 +131,7 @@ class StackGroup:
         return {"ranks": self.ranks, "thread": self.thread, "primary": self.primary,
                 "odd": self.odd, "kind": self.position.kind, "op": self.position.op,
                 "where": self.position.where, "function": self.position.function,
+                "context": list(self.position.context),
                 "summary": self.position.describe(), "frames": self.frames}
 
 

@@ -7,6 +7,7 @@ so a thread is re-sorted only when the loader saw it out of order; Timsort makes
 from __future__ import annotations
 
 import re
+import sys
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -16,20 +17,87 @@ from itertools import chain
 from flight_profiler.report.trace_loader import CPU_OP, PY_FRAME, RawTrace, ThreadIntervals
 
 _FRAME_RE = re.compile(r"^(.*)\((\d+)\): (.*)$")
-# Frames from these places are the library, not the user's code that called it.
-_LIB_MARKERS = (
-    "site-packages/", "dist-packages/", "torch/", "<built-in", "<frozen", "threading.py",
-    "runpy.py", "contextlib.py", "functools.py", "/lib/python3", "typing.py", "abc.py",
-    "flight_profiler/agent",
-)
+
+# -- whose code a frame is: the program's, the standard library's, or an installed library's --
+PROGRAM, STDLIB, LIBRARY = "program", "stdlib", "library"
+# the agent's own code, staged or generated, is never the program's line ("eval-with-grad named
+# 'called from step_marks.py on_enter'")
+_LIBRARY_MARKERS = ("site-packages/", "dist-packages/", "flight_profiler/agent", "/torch/",
+                    "/flight_profiler-", "<flight_profiler")
+_STDLIB_DIR = re.compile(r"/lib(?:64)?/python3(?:\.\d+)?t?/")
+# Where the path has no directory to tell (torch's traces strip sys.path prefixes:
+# ``threading.py(327): wait``, ``multiprocessing/queues.py(98): get``), the first name decides;
+# these stdlib names are also common names of users' own scripts, so they decide nothing.
+_AMBIGUOUS = frozenset({"test", "tests", "code", "profile", "trace", "cmd", "this", "token"})
+_STDLIB_FALLBACK = frozenset({  # Python 3.9 has no sys.stdlib_module_names: the usual suspects
+    "abc", "argparse", "ast", "asyncio", "bdb", "codecs", "collections", "concurrent",
+    "contextlib", "copy", "copyreg", "dataclasses", "enum", "functools", "genericpath", "gzip",
+    "http", "importlib", "inspect", "io", "json", "linecache", "logging", "multiprocessing", "os",
+    "pathlib", "pdb", "pickle", "posixpath", "queue", "random", "re", "runpy", "sched",
+    "selectors", "shutil", "signal", "socket", "socketserver", "sre_compile", "ssl",
+    "statistics", "subprocess", "tempfile", "threading", "time", "traceback", "types", "typing",
+    "unittest", "urllib", "warnings", "weakref", "zipfile", "zipimport",
+})
+_STDLIB_NAMES = frozenset(getattr(sys, "stdlib_module_names", _STDLIB_FALLBACK)) - _AMBIGUOUS
+
+
+def frame_origin(path: str) -> str:
+    """Whose code ``path`` is: PROGRAM (the user's own files), STDLIB, or LIBRARY (installed
+    packages, torch, our agent). Works on absolute paths (``stack``) and on the sys.path-relative
+    ones of torch's traces."""
+    p = path.replace("\\", "/")
+    if p.startswith("<flight_profiler"):
+        return LIBRARY  # the agent's generated hook wrappers
+    if p.startswith("<") or not p:
+        # <frozen importlib._bootstrap>, <built-in method ...>, <string>: not a file of the program
+        return STDLIB if p.startswith(("<frozen", "<built-in")) or not p else PROGRAM
+    if any(m in p for m in _LIBRARY_MARKERS) or p.startswith(("torch/", "flight_profiler/")):
+        return LIBRARY
+    if _STDLIB_DIR.search(p):
+        return STDLIB
+    if not p.startswith("/"):
+        head = p.split("/", 1)[0]
+        name = head[:-3] if head.endswith(".py") else head
+        if name in _STDLIB_NAMES:
+            return STDLIB
+    # Relative names of installed packages other than torch (``transformers/...``) cannot be
+    # told from the program's own package once the trace stripped their site-packages prefix.
+    return PROGRAM
+
+
+def program_frame(paths: Sequence[str]) -> int | None:
+    """Index of the innermost frame of the program's own code (``paths`` outermost first), or
+    None when the stack has none (a thread of a library, a program installed as a package)."""
+    for i in range(len(paths) - 1, -1, -1):
+        if frame_origin(paths[i]) == PROGRAM:
+            return i
+    return None
+
+
+def where_frame(paths: Sequence[str]) -> tuple[int, list[int]]:
+    """The frame to show a user as "where" and the frames that give it context.
+
+    Where = the innermost frame of the program's own code (``wait_for_batch`` at train.py:97,
+    not ``Condition.wait`` at threading.py:327); without one, the innermost frame outside the
+    standard library (a trainer library's line), else the innermost. Context = the frames inside
+    it (what it is blocked in: ``Queue.get``, ``Condition.wait``), innermost last. An empty
+    stack gives (-1, [])."""
+    if not paths:
+        return -1, []
+    at = program_frame(paths)
+    if at is None:
+        at = next((i for i in range(len(paths) - 1, -1, -1)
+                   if frame_origin(paths[i]) != STDLIB), len(paths) - 1)
+    return at, list(range(at + 1, len(paths)))
+
 
 
 def is_user_frame(name: str) -> bool:
+    """A trace's Python frame (``train.py(57): train_step``) is the program's own code."""
     m = _FRAME_RE.match(name)
     if m is None:
         return False
-    path = m.group(1)
-    return not any(marker in path for marker in _LIB_MARKERS)
+    return frame_origin(m.group(1)) == PROGRAM
 
 
 def frame_location(name: str) -> str:
@@ -134,11 +202,36 @@ class CallerIndex:
         return out
 
 
+OUTER_STRIDE = 16
+
+
+def innermost_frame(index: CallerIndex, key: int, t: float) -> str | None:
+    """The innermost Python frame (any: program or library) open at (thread, t), or None."""
+    nested = index._thread(key)
+    if nested is None:
+        return None
+    p = bisect_right(nested.ts, t) - 1
+    while p >= 0 and nested.end[p] < t:
+        p = nested.parent[p]
+    while p >= 0:
+        if nested.kind[p] == PY_FRAME:
+            return index.raw.names[nested.name[p]]
+        p = nested.parent[p]
+    return None
+
+
 def operator_self_times(
     raw: RawTrace, tiny_us: float = 0.0, max_samples: int = 0,
+    within: tuple[float, float] | None = None, outer_tiny: list[float] | None = None,
+    outer_samples: list[tuple[int, float]] | None = None,
 ) -> tuple[dict[str, list[float]], list[tuple[int, float, float, str]]]:
     """name -> [calls, total us, self us] for cpu_op events (self = minus nested cpu_ops), and
-    up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us."""
+    up to ``max_samples`` (thread, ts, self us, name) of operators whose self time < tiny_us.
+    ``within``: only operators that start in [start, end) (the whole steps). ``outer_tiny``
+    ([calls, us], added to): outermost operators (issued from Python, not from inside another
+    operator or autograd's backward) whose whole duration is under tiny_us; ``outer_samples``
+    gets (thread, ts) of every OUTER_STRIDE-th of them."""
+    lo, hi = within if within is not None else (float("-inf"), float("inf"))
     tiny: list[tuple[int, float, float, str]] = []
     names = raw.names
     # Aggregated by name id in flat lists: no dict lookup or call per operator (1 M-event
@@ -164,6 +257,13 @@ def operator_self_times(
             t0 = ts[i] if i >= 0 else inf
             while stack and stack[-1][0] <= t0:
                 _e, nid_f, dur_, child, start = stack.pop()
+                if not lo <= start < hi:
+                    continue
+                if outer_tiny is not None and not stack and dur_ < tiny_us:
+                    outer_tiny[0] += 1
+                    outer_tiny[1] += dur_
+                    if outer_samples is not None and int(outer_tiny[0]) % OUTER_STRIDE == 1:
+                        outer_samples.append((key, start))
                 nid = int(nid_f)
                 self_us = dur_ - child
                 if self_us < 0:

@@ -16,14 +16,24 @@ class Thresholds:
     # worth a 1.25x speed-up, our line for "fix this first".
     cost_warning_pct: float = 5.0
     cost_critical_pct: float = 20.0
+    # Borderline band around each line, a share of the line (5 % -> 4.25-5.75 %, 20 % -> 17-23 %)
+    # or the measurement's own step-to-step spread when wider: inside it the lower severity is
+    # given and the finding says "borderline" (report/cost.py judge). Measured here: one healthy
+    # job's launch-overhead read 19.2 % and 20.1 % in two runs (issue 18); per-step DataLoader
+    # shares of one run spread by 3-5 points on a loaded 2-core machine.
+    severity_margin: float = 0.15
     # Gaps between GPU work shorter than this are launch latency (CPU-bound dispatch), longer
     # ones have another cause (sync, data loading, host code).
     launch_gap_us: float = 50.0
     # communication: exposed (not overlapped by compute) collective time, share of the GPU
     # span, from which it is reported at all (below: noise of a few small collectives).
     comm_exposed_min_pct: float = 1.0
-    # dataloader-bottleneck: torch-tb-profiler recommended num_workers above 5 % of step time.
-    dataloader_warning_pct: float = 5.0
+    # dataloader-bottleneck: reported from 5 % of step time (torch-tb-profiler recommended more
+    # workers above it), a warning from 10 %: healthy loaders with a few workers measure 5-10 %
+    # (the held-out tutorial GAN 7.6 % timed with no tool attached; our AMP classifier 6-9 % by
+    # its own meters on a loaded 2-core machine), and removing such a wait is worth < 1.1x.
+    dataloader_min_pct: float = 5.0
+    dataloader_warning_pct: float = 10.0
     # Unused since severity follows the cost (cost_*_pct); kept for a rule that sets its own.
     dataloader_critical_pct: float = 25.0
     # low-gpu-utilization: torch-tb-profiler flagged GPU kernel busy time below 50 %.

@@ -37,6 +37,18 @@ SYNC_CALLS = frozenset({
 SCALAR_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 CPU_OP, PY_FRAME, ANNOTATION = 0, 1, 2
 _STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d{1,18})")
+# Annotations the step model reads: torch's own per optimizer step, the agent's marks.
+_MARK_PREFIXES = ("Optimizer.step#", "flight_profiler.")
+_AUTOGRAD_BACKWARD = "torch/autograd/__init__.py("
+# Operators of a model's forward (a graph built by them holds activations); others recorded
+# with grad mode on (indexing, .mean() for a log line, data preparation) build little or nothing.
+MODEL_OPS = ("linear", "addmm", "matmul", "aten::mm", "bmm", "conv", "embedding", "layer_norm",
+             "scaled_dot_product", "lstm", "gru", "rnn", "baddbmm", "einsum")
+
+
+def is_model_op(name: str) -> bool:
+    low = name.lower()
+    return any(k in low for k in MODEL_OPS)
 # Kernel names of heavily templated code reach a few KB; longer is not a name but a payload.
 MAX_NAME_CHARS = 4096
 _I64 = 1 << 63
@@ -107,6 +119,18 @@ class RawTrace:
     autograd_fwd_ops: int = 0
     backward_ops: int = 0
     autograd_fwd_names: dict[str, int] = field(default_factory=dict)
+    # The step model's marks (report/steps.py): annotations of optimizer steps and of the agent's
+    # marks (thread, ts, dur, name), and Python calls of torch.autograd.backward (thread, ts, dur).
+    marks: list[tuple[int, float, float, str]] = field(default_factory=list)
+    backwards: list[tuple[int, float, float]] = field(default_factory=list)
+    # Forward model operators that recorded an autograd node (sequence number, ts, thread, name
+    # id), and the sequence numbers backward functions ran for: a forward whose number no
+    # backward ran built a graph nobody used (rule eval-with-grad).
+    fwd_seq: array[int] = field(default_factory=lambda: array("q"))
+    fwd_ts: array[float] = field(default_factory=lambda: array("d"))
+    fwd_key: array[int] = field(default_factory=lambda: array("q"))
+    fwd_name: array[int] = field(default_factory=lambda: array("l"))
+    bwd_seqs: set[int] = field(default_factory=set)
 
     def intern(self, name: str) -> int:
         if len(name) > MAX_NAME_CHARS:
@@ -191,6 +215,7 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
     runtime = raw.runtime
     keys: dict[tuple[Any, Any], int] = {}
     name_ids = raw.name_ids
+    model_ops: dict[str, bool] = {}
     g_ts, g_end, g_kind, g_corr, g_name = raw.g_ts, raw.g_end, raw.g_kind, raw.g_corr, raw.g_name
 
     def key_of(pid: Any, tid: Any) -> int:
@@ -272,13 +297,25 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                         th.kind.append(CPU_OP)
                         if name.startswith("autograd::engine::evaluate_function"):
                             raw.backward_ops += 1
+                            if args is not None and args.seq is not None:
+                                raw.bwd_seqs.add(_i64(args.seq))
                         elif args is not None and args.seq is not None and not args.fwd_tid:
                             raw.autograd_fwd_ops += 1
                             raw.autograd_fwd_names[name] = raw.autograd_fwd_names.get(name, 0) + 1
+                            model = model_ops.get(name)
+                            if model is None:
+                                model = model_ops[name] = is_model_op(name)
+                            if model:
+                                raw.fwd_seq.append(_i64(args.seq))
+                                raw.fwd_ts.append(ts)
+                                raw.fwd_key.append(key)
+                                raw.fwd_name.append(th.name[-1])
                         if name in SCALAR_OPS:
                             raw.scalar_ops.append((key, ts, end - ts, name))
                     elif cat == "python_function":
                         th.kind.append(PY_FRAME)
+                        if name.endswith("): backward") and _AUTOGRAD_BACKWARD in name:
+                            raw.backwards.append((key, ts, end - ts))
                     else:
                         th.kind.append(ANNOTATION)
                         if name.startswith("ProfilerStep"):
@@ -286,6 +323,8 @@ def _consume(raw: RawTrace, batches: Iterator[list[Event]]) -> None:
                             raw.steps.append((int(m.group(1)) if m else len(raw.steps), ts, end - ts))
                         elif name.startswith("enumerate(DataLoader)"):
                             raw.dataloader.append((key, ts, end - ts))
+                        elif name.startswith(_MARK_PREFIXES):
+                            raw.marks.append((key, ts, end - ts, name))
                     continue
                 if cat == "Trace":
                     raw.trace_window = (ts, end)

@@ -24,11 +24,17 @@ from flight_profiler.report.overlap import (
     covered,
     exposed,
     idle_after_waits,
-    idle_during,
     length,
     short_gaps,
 )
-from flight_profiler.report.stacks import CallerIndex, operator_self_times
+from flight_profiler.report.stacks import (
+    CallerIndex,
+    innermost_frame,
+    is_user_frame,
+    operator_self_times,
+)
+from flight_profiler.report.step_figures import EDGE_US, dataloader_waits, unused_graph_nodes
+from flight_profiler.report.steps import StepModel, find_steps
 from flight_profiler.report.thresholds import T
 from flight_profiler.report.trace_loader import COMM, COMPUTE, MEMORY, SCALAR_OPS, RawTrace
 
@@ -50,15 +56,21 @@ def _pct(part: float, whole: float) -> float:
     return round(100.0 * part / whole, 3) if whole > 0 else 0.0
 
 
-def _gpu_selection(raw: RawTrace) -> tuple[Sequence[int], bool]:
+def _gpu_selection(raw: RawTrace, span: tuple[float, float] | None = None) -> tuple[Sequence[int], bool]:
     """Indices of the GPU events HTA would analyse, and whether its step filter applied.
 
     HTA (Trace._filter_irrelevant_gpu_kernels) keeps, when there are >= 2 ProfilerSteps, only
     GPU events launched (correlation) by a CPU call that started before the last ProfilerStep:
-    the last step is usually cut short by the profiler stopping. Indices are a compact array:
-    a list of a million Python ints would cost 36 MB.
+    the last step is usually cut short by the profiler stopping. With steps found from the
+    loop's own marks (``span``: the whole steps), the events launched inside them. Indices are a
+    compact array: a list of a million Python ints would cost 36 MB.
     """
     n = len(raw.g_ts)
+    if span is not None:
+        lo, hi = span
+        allowed = {c for c, t in zip(raw.rt_corr, raw.rt_ts) if lo <= t < hi}
+        corr = raw.g_corr
+        return array("q", (i for i in range(n) if corr[i] in allowed)), True
     step_names = {num for num, _, _ in raw.steps}
     if len(step_names) < 2:
         return range(n), False
@@ -90,9 +102,10 @@ def merge_idx(ts: Sequence[float], end: Sequence[float], idx: Iterable[int]) -> 
 Spans = list[tuple[float, float]]
 
 
-def gpu_breakdown(raw: RawTrace) -> tuple[dict[str, Any] | None, Spans, Spans, Sequence[int]]:
+def gpu_breakdown(raw: RawTrace, within: tuple[float, float] | None = None,
+                  ) -> tuple[dict[str, Any] | None, Spans, Spans, Sequence[int]]:
     """HTA's temporal breakdown; also the merged busy and compute intervals, and the selection."""
-    idx, filtered = _gpu_selection(raw)
+    idx, filtered = _gpu_selection(raw, within)
     if not idx:
         return None, [], [], range(0)
     ts, end, kind = raw.g_ts, raw.g_end, raw.g_kind
@@ -188,7 +201,8 @@ def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return b, r2
 
 
-def _memory(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, float, float]]) -> dict[str, Any]:
+def _memory(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, float, float]],
+            model: StepModel) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for (dtype, did), (ts, alloc, reserved) in sorted(raw.mem.items()):
         label = ("cpu" if dtype == 0 else "cuda" if dtype == 1 else f"type{dtype}") + (
@@ -203,9 +217,10 @@ def _memory(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, float, flo
             "final_allocated": ya[-1], "first_allocated": ya[0],
             "series": _downsample([x - xs[0] for x in xs], ya),
         }
-        # Allocated at the end of each step: a leak grows it step after step.
+        # Allocated at the end of each step: a leak grows it step after step. Calls of a method
+        # that runs inside the step are no steps: what they allocate is freed after them.
         per_step: list[tuple[int, int]] = []
-        for num, st, dur in steps:
+        for num, st, dur in [] if model.region else steps:
             j = bisect_right(xs, st + dur) - 1
             if j >= 0 and xs[j] >= st:
                 per_step.append((num, ya[j]))
@@ -238,7 +253,12 @@ def _memory(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, float, flo
 def trace_metrics(raw: RawTrace) -> dict[str, Any]:
     m: dict[str, Any] = {"events": raw.events}
     index = CallerIndex(raw)
-    steps = sorted(raw.steps, key=lambda s: s[1])
+    model = find_steps(raw)
+    m["step"] = model.to_dict()
+    steps = model.steps
+    # Steps found from the loop's marks follow each other: every per-step figure is taken
+    # between the first and the last boundary, what the window's edges cut is left out.
+    span = model.span if model.contiguous else None
     m["steps"] = _spread([d for _, _, d in steps])
     if steps:
         m["steps"]["numbers"] = [n for n, _, _ in steps][:1000]
@@ -249,7 +269,7 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
     m["window_us"] = round(window, 3)
     m["window_kind"] = "steps" if step_total > 0 else "trace"
 
-    breakdown, busy, compute, selected = gpu_breakdown(raw)
+    breakdown, busy, compute, selected = gpu_breakdown(raw, span)
     m["has_gpu"] = breakdown is not None
     if breakdown is not None:
         m["gpu_time_breakdown"] = breakdown
@@ -297,7 +317,16 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
                              "mean_us": round(v[1] / v[0], 3)} for k, v in top]
 
     # Operators (CPU) by self time
-    ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, MAX_ATTRIBUTED)
+    outer = [0.0, 0.0]
+    outer_at: list[tuple[int, float]] = []
+    ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, MAX_ATTRIBUTED, span, outer, outer_at)
+    # Issued from the program's own lines, not from a library's Python (an optimizer's
+    # per-parameter loop): the share of a sample of them whose innermost Python frame is the
+    # program's (all of them when the trace has no Python frames).
+    frames = [innermost_frame(index, k, t + 1e-3) for k, t in outer_at[:MAX_ATTRIBUTED]]
+    seen = [f for f in frames if f is not None]
+    program = sum(1 for f in seen if is_user_frame(f)) / len(seen) if seen else 1.0
+    outer = [outer[0] * program, outer[1] * program]
     if ops:
         self_list = sorted(ops.items(), key=lambda kv: -kv[1][2])
         m["top_operators"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
@@ -313,6 +342,11 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
             "tiny_self_us": round(tiny_self, 3), "tiny_self_pct_of_window": _pct(tiny_self, window),
             "tiny_self_pct_of_ops": _pct(tiny_self, self_total),
             "per_step": round(calls / len(steps), 1) if steps else None,
+            # Issued one by one from the program's own Python, each doing almost nothing (a
+            # loop over slices): what rewriting that loop removes (rule launch-overhead).
+            "from_python_tiny_calls": int(outer[0]),
+            "from_python_tiny_us": round(outer[1], 3),
+            "from_python_tiny_pct_of_window": _pct(outer[1], window),
             "tiny_callers": attribute(index, tiny_samples, longest=False),
         }
 
@@ -339,17 +373,21 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         m["memcpy"]["callers"] = attribute_gpu(
             raw, index, [(c, d, n) for n, d, _b, c in raw.memcpy if _host_device(n)])
 
-    # Synchronisation
-    sync_us = sum(d for _, _, d, _ in raw.syncs)
-    scalar_top = [s for s in raw.scalar_ops if s[3] == "aten::item"] or [
-        s for s in raw.scalar_ops if s[3] == "aten::_local_scalar_dense"]
+    # Synchronisation: waits inside whole steps; without steps, none cut by the window's edges
+    edges = _trace_edges(raw) if model.kind == "window" else None
+    syncs, cut_syncs = _inside(raw.syncs, span, edges)
+    scalar_ops, cut_scalars = _inside(raw.scalar_ops, span, edges)
+    sync_us = sum(d for _, _, d, _ in syncs)
+    scalar_top = [s for s in scalar_ops if s[3] == "aten::item"] or [
+        s for s in scalar_ops if s[3] == "aten::_local_scalar_dense"]
     scalar_us = sum(d for _, _, d, _ in scalar_top)
-    blocking = raw.syncs + scalar_top
-    after = idle_after(busy, [ts + d for _, ts, d, _ in raw.syncs]) if busy else []
-    waits = [(ts + d, d) for _, ts, d, _ in raw.syncs + scalar_top]
+    blocking = syncs + scalar_top
+    after = idle_after(busy, [ts + d for _, ts, d, _ in syncs]) if busy else []
+    waits = [(ts + d, d) for _, ts, d, _ in syncs + scalar_top]
     lost = idle_after_waits(busy, waits) if busy else 0.0
     m["sync"] = {
-        "sync_calls": len(raw.syncs), "sync_us": round(sync_us, 3),
+        "sync_calls": len(syncs), "sync_us": round(sync_us, 3),
+        "left_out": cut_syncs + cut_scalars,
         "by_call": {k: {"count": int(v[0]), "total_us": round(v[1], 3)}
                     for k, v in raw.runtime.items() if "ynchronize" in k},
         "scalar_reads": len(scalar_top), "scalar_read_us": round(scalar_us, 3),
@@ -360,31 +398,41 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
         "callers": attribute(index, blocking, SCALAR_OPS) if blocking else [],
     }
 
-    # DataLoader: its next() calls inside the steps (all of them when there are no steps)
+    # DataLoader: its next() calls, the part of each inside whole steps
     if raw.dataloader:
-        starts = [st for _, st, _ in steps]
-        inside = []
-        for item in raw.dataloader:
-            j = bisect_right(starts, item[1]) - 1
-            if not steps or (j >= 0 and item[1] < steps[j][1] + steps[j][2]):
-                inside.append(item)
-        total = sum(d for _, _, d in inside)
-        m["dataloader"] = {"calls": len(raw.dataloader), "total_us": round(total, 3),
-                           "gpu_idle_during_us": (round(idle_during(busy, [(t, t + d) for _, t, d in inside]), 3)
-                                                  if busy else None),
-                           "pct_of_window": _pct(total, window),
-                           "mean_us": round(total / len(inside), 3) if inside else 0.0,
-                           "callers": attribute(index, [(k, t, d, "DataLoader.__next__")
-                                                        for k, t, d in inside])}
+        m["dataloader"] = dataloader_waits(raw, index, steps, busy, _trace_edges(raw), window)
 
     if raw.mem:
-        m["memory"] = _memory(raw, index, steps)
+        m["memory"] = _memory(raw, index, steps, model)
     m["runtime_calls"] = {k: {"count": int(v[0]), "total_us": round(v[1], 3)}
                           for k, v in sorted(raw.runtime.items(), key=lambda kv: -kv[1][1])[:15]}
     m["autograd"] = {"forward_ops_recording": raw.autograd_fwd_ops, "backward_functions": raw.backward_ops,
                      "top_recording_ops": [{"name": k, "calls": v} for k, v in sorted(
-                         raw.autograd_fwd_names.items(), key=lambda kv: -kv[1])[:8]]}
+                         raw.autograd_fwd_names.items(), key=lambda kv: -kv[1])[:8]],
+                     **unused_graph_nodes(raw, index, model)}
     return m
+
+
+def _inside(items: list[tuple[int, float, float, str]], span: tuple[float, float] | None,
+            edges: tuple[float, float] | None) -> tuple[list[tuple[int, float, float, str]], int]:
+    """The items that start inside the whole steps; without steps, those not cut by the
+    window's edges (a wait the profiler's stop cut short, or one it caught midway). Also how
+    many were left out."""
+    if span is not None:
+        lo, hi = span
+        kept = [it for it in items if lo <= it[1] < hi]
+    elif edges is not None:
+        lo, hi = edges[0] + EDGE_US, edges[1] - EDGE_US
+        kept = [it for it in items if it[1] > lo and it[1] + it[2] < hi]
+    else:
+        kept = items
+    return kept, len(items) - len(kept)
+
+
+def _trace_edges(raw: RawTrace) -> tuple[float, float] | None:
+    if raw.trace_window is not None:
+        return raw.trace_window
+    return (raw.span_ts, raw.span_end) if raw.span_end > raw.span_ts else None
 
 
 def _host_device(kind: str) -> bool:

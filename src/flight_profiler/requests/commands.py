@@ -169,6 +169,7 @@ def memory(ctx: click.Context, /, **_: Any) -> AgentRequest:
 
 
 @click.command("torch tensors", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", nargs=-1)
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Rows per table.")
 @click.option("--by", type=click.Choice(["holder", "shape", "site"]), default="holder", show_default=True,
               help="Which table comes first (sites are only known to `torch memory -r`).")
@@ -176,15 +177,18 @@ def memory(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("-f", "--file", "file", help="Output JSON (default: fp-<pid>-census-<time>.json in this directory).")
 @click.option("--label", default="", help="Label stored in the census.")
 @click.option("--budget", type=FiniteFloatRange(0.1), default=5.0, show_default=True, help="Time budget in seconds.")
+@click.option("--timeout", type=FiniteFloatRange(0.1), help="With a method: seconds to wait for its call (default 30).")
 @click.pass_context
 def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
     """Live tensors and who holds them (leak finder).
 
-    --diff PREVIOUS.json for growth.
+    --diff PREVIOUS.json for growth. With a method, the census is taken right after its next
+    call returns (the same point of every step).
 
     \b
     torch tensors -f before.json
     torch tensors -f after.json --diff before.json    what grew, by holder and by shape
+    torch tensors __main__ Trainer step -f c2.json --diff c1.json
     """
     return torch.tensors(**_given(ctx))
 
@@ -202,6 +206,9 @@ def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--row-limit", type=click.IntRange(1), default=15, show_default=True, help="Rows of the operator table.")
 @click.option("--timeout", type=FiniteFloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls.")
 @click.option("--schedule", help="wait,warmup,active[,repeat]: ProfilerStep per call (training steps).")
+@click.option("--window", is_flag=True,
+              help="All threads around the next N calls: the whole steps they run in (with a method; "
+                   "--duration: at most this long once the calls are in).")
 @click.option("--tensorboard", type=click.Path(file_okay=False), help="Write DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz.")
 @click.option("--label", default="", help="Trace name (and TensorBoard run name).")
 @click.pass_context
@@ -213,6 +220,7 @@ def profile(ctx: click.Context, /, **_: Any) -> AgentRequest:
     \b
     torch profile __main__ train_step -n 3 --with-stack
     torch profile mypkg.trainer Trainer step --schedule 1,1,3
+    torch profile __main__ Model forward -n 10 --window    the steps around 10 calls
     torch profile --duration 5 -f window.json.gz
     """
     return torch.profile(**_given(ctx))

@@ -70,18 +70,26 @@ def load_census(path: str) -> dict[str, Any]:
         raise BadInputFile(f"{full} is not JSON: {exc}", "pass a census written by `torch tensors`") from None
     if not isinstance(doc, dict) or doc.get("format") != "flight_profiler.census":
         raise BadInputFile(f"{full} is not a flight_profiler census", "pass a file written by `torch tensors`")
-    return {k: doc.get(k) for k in ("pid", "time", "label", "totals", "groups", "holders")}
+    return {k: doc.get(k) for k in ("pid", "time", "label", "totals", "groups", "holders", "census_id")}
 
 
-def tensors(top: int | None = None, by: str | None = None, diff: str | None = None,
-            file: str | None = None, label: str | None = None, budget: float | None = None) -> AgentRequest:
-    """A census of live tensors; ``diff``: a previous census file, to show what grew."""
+def tensors(target: Sequence[str] = (), top: int | None = None, by: str | None = None,
+            diff: str | None = None, file: str | None = None, label: str | None = None,
+            budget: float | None = None, timeout: float | None = None) -> AgentRequest:
+    """A census of live tensors; ``diff``: a previous census file, to show what grew;
+    ``target``: taken right after the method's next call returns (a step boundary), waiting
+    ``timeout`` seconds for it."""
+    if timeout is not None and not target:
+        raise UsageError("torch tensors: --timeout needs a method", "e.g. `torch tensors __main__ train_step`")
     args: dict[str, Any] = {"top": top or 10, "by": by or "holder", "label": label or "",
                             "seconds": 5.0 if budget is None else budget, **_out(file)}
+    if target:
+        args.update(target=target_args(target), timeout=30.0 if timeout is None else timeout)
     if diff:
         args["previous"] = load_census(diff)
-    line = (Line("torch tensors").option("--top", top).option("--by", by).option("-f", file)
-            .option("--diff", diff).option("--label", label).option("--budget", budget))
+    line = (Line("torch tensors", *target).option("--top", top).option("--by", by).option("-f", file)
+            .option("--diff", diff).option("--label", label).option("--budget", budget)
+            .option("--timeout", timeout))
     return AgentRequest("torch tensors", args, str(line))
 
 
@@ -101,11 +109,21 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
             file: str | None = None, record_shapes: bool = False, profile_memory: bool = False,
             with_stack: bool = False, sort_by: str | None = None, row_limit: int | None = None,
             timeout: float | None = None, schedule: str | None = None,
-            tensorboard: str | None = None, label: str | None = None) -> AgentRequest:
+            tensorboard: str | None = None, label: str | None = None,
+            window: bool = False) -> AgentRequest:
     """The next ``calls`` of ``target``, or all threads for ``duration`` s, to a Chrome trace;
-    ``schedule``: "wait,warmup,active[,repeat]"."""
-    if duration is not None and target:
-        raise UsageError("torch profile: give a method or --duration, not both")
+    ``schedule``: "wait,warmup,active[,repeat]". ``window``: all threads around the next
+    ``calls`` of ``target`` (whole steps around them; ``duration``: at most this long once the
+    calls are in)."""
+    if window and not target:
+        raise UsageError("torch profile: --window needs `module [class] method`",
+                         "e.g. `torch profile __main__ Model forward -n 10 --window`")
+    if window and schedule:
+        raise UsageError("torch profile: --window and --schedule cannot be combined",
+                         "--window finds the steps itself; --schedule marks each call as one")
+    if duration is not None and target and not window:
+        raise UsageError("torch profile: give a method or --duration, not both",
+                         "or add --window: all threads around the method's calls")
     if duration is None and not target:
         raise UsageError("torch profile: give `module [class] method` or --duration SECONDS",
                          "e.g. `torch profile __main__ train_step -n 3`")
@@ -117,14 +135,19 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
     }
     if tensorboard:
         args["tensorboard"] = os.path.abspath(os.path.expanduser(tensorboard))
-    if duration is not None:
+    if duration is not None and not window:
         if schedule:
             raise UsageError("torch profile: --schedule needs a method")
         args["duration"] = duration
     else:
         args.update(target=target_args(target), calls=calls or 1,
                     timeout=60.0 if timeout is None else timeout, schedule=schedule_list(schedule))
-    line = (Line("torch profile", *target).option("--duration", duration).option("-n", calls)
+        if window:
+            args["window"] = True
+            if duration is not None:
+                args["duration"] = duration
+    line = (Line("torch profile", *target).flag("--window", window).option("--duration", duration)
+            .option("-n", calls)
             .option("--schedule", schedule).option("-f", file).flag("--record-shapes", record_shapes)
             .flag("--profile-memory", profile_memory).flag("--with-stack", with_stack)
             .option("--sort-by", sort_by).option("--row-limit", row_limit).option("--timeout", timeout)

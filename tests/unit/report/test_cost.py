@@ -151,3 +151,32 @@ HTA_COMM_COMP_OVERLAP = {"gpu_train_test.json.gz": 68.8, "gpu_train_control.json
 def test_communication_overlap_matches_hta(name: str) -> None:
     c = analyze([str(TRACES / name)]).inputs[0].data["communication"]
     assert c["overlapped_pct"] == pytest.approx(HTA_COMM_COMP_OVERLAP[name], abs=0.5)
+
+
+def test_a_cost_near_a_line_gets_one_verdict_and_says_borderline() -> None:
+    from flight_profiler.report.cost import judge
+
+    def cost(pct: float, spread: float = 0.0) -> Cost:
+        return Cost(pct, 0.0, "step time", "test", spread_pct=spread)
+
+    # GIVEN two runs of one job measuring 19.2 % and 20.1 % (issue 18: info vs critical)
+    (a, note_a), (b, note_b) = judge(cost(19.2)), judge(cost(20.1))
+    # THEN one verdict, said to sit on the line
+    assert a == b == "warning" and "borderline" in note_a and "20% line" in note_b
+    assert judge(cost(4.6))[0] == judge(cost(5.4))[0] == "info" and judge(cost(5.4))[1]
+    # clear of the bands: the plain verdicts, no note
+    assert judge(cost(30.0)) == ("critical", "") and judge(cost(10.0)) == ("warning", "")
+    assert judge(cost(2.0)) == ("info", "")
+    # a measurement that moves a lot from step to step widens the band
+    assert judge(cost(26.0, spread=8.0))[0] == "warning" and judge(cost(26.0))[0] == "critical"
+
+
+def test_the_report_applies_the_margin_to_findings_that_follow_their_cost(tmp_path: Path) -> None:
+    from step_synth import Loop, write
+
+    # GIVEN a CPU loop whose DataLoader waits are 21 % of its steps: critical on the plain line
+    report = analyze([str(write(Loop(steps=8, dataloader_us=2100), tmp_path / "dl.json.gz"))])
+    (f,) = [x for x in report.findings if x.rule == "dataloader-bottleneck"]
+    assert f.cost is not None and 20.0 <= f.cost.pct < 23.0
+    assert f.severity == "warning" and "(borderline)" in f.title and f.borderline
+    assert f.to_dict()["borderline"] == f.borderline

@@ -127,9 +127,12 @@ def test_flight_recorder_sequence_ids_say_who_is_behind(tmp_path: Path) -> None:
 
 
 def test_straggler_is_named_with_its_compute_and_the_others_wait(tmp_path: Path) -> None:
+    # rank 3 runs the others' operators, each 3x longer: named, but at info (the same work
+    # running slower is what a busy host does too; more work per step is a warning:
+    # test_job_verdict.py)
     paths = job_traces(tmp_path, [2000.0, 2000.0, 2100.0, 6000.0], jitter=0.02)
     [f] = _findings(paths, "job-straggler")
-    assert f["ranks"] == [3] and f["severity"] == "warning"
+    assert f["ranks"] == [3] and f["severity"] == "info" and f["metrics"]["cause"] == "slower"
     per = f["metrics"]["ranks"]
     assert per["3"]["compute_pct"] > 2 * per["0"]["compute_pct"]
     assert per["0"]["collective_pct"] > per["3"]["collective_pct"]

@@ -76,3 +76,29 @@ def test_torch_work_in_a_worker_thread_is_found_there() -> None:
     assert (p.kind, p.op, p.function) == ("collective", "all_reduce", "train_step")
     g = group_stacks({0: {"threads": [main, worker]}, 1: {"threads": [main, worker]}})
     assert g.primary[0].thread == "trainer" and g.primary[0].ranks == [0, 1]
+
+
+_PY = "/root/.pyenv/versions/3.11.7/lib/python3.11"
+_TORCH = "/w/.venv/lib/python3.11/site-packages/torch"
+
+
+def test_a_rank_hung_in_a_queue_is_placed_at_the_programs_line_not_threading() -> None:
+    frames = [{"file": "/w/ddp_trainer.py", "line": 140, "function": "main"},
+              {"file": "/w/ddp_trainer.py", "line": 94, "function": "Prefetcher.wait_for_batch"},
+              {"file": f"{_PY}/queue.py", "line": 171, "function": "Queue.get"},
+              {"file": f"{_PY}/threading.py", "line": 327, "function": "Condition.wait"}]
+    p = position(frames)
+    assert (p.kind, p.where, p.function) == ("python", "ddp_trainer.py:94", "Prefetcher.wait_for_batch")
+    assert p.context == ("Queue.get at queue.py:171", "Condition.wait at threading.py:327")
+    assert p.describe() == ("Prefetcher.wait_for_batch at ddp_trainer.py:94, in Condition.wait at "
+                            "threading.py:327 < Queue.get at queue.py:171")
+
+
+def test_backward_is_its_own_place_ddp_waits_there() -> None:
+    frames = [{"file": "/w/ddp_trainer.py", "line": 140, "function": "main"},
+              {"file": "/w/ddp_trainer.py", "line": 102, "function": "train_step"},
+              {"file": f"{_TORCH}/_tensor.py", "line": 626, "function": "Tensor.backward"},
+              {"file": f"{_TORCH}/autograd/__init__.py", "line": 395, "function": "backward"},
+              {"file": f"{_TORCH}/autograd/graph.py", "line": 979, "function": "_engine_run_backward"}]
+    p = position(frames)
+    assert (p.kind, p.where, p.function) == ("backward", "ddp_trainer.py:102", "train_step")

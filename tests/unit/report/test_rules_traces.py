@@ -69,11 +69,15 @@ def test_dataloader_bottleneck_from_a_real_cpu_run() -> None:
 
 
 def test_dataloader_share_between_thresholds_is_a_warning(tmp_path: Path) -> None:
-    # 40 kernels x 200 us = 8 ms of step; 800 us of DataLoader ~ 9 %
-    # the step ends with loss.item(), which waits for the GPU: the step lasts ~9 ms
-    report = analyze([str(gpu_trace(tmp_path / "dl.json.gz", dataloader_us=800, sync_wait_us=1))])
+    # 40 kernels x 200 us = 8 ms of step; 1400 us of DataLoader ~ 15 %
+    # the step ends with loss.item(), which waits for the GPU: the step lasts ~9.5 ms
+    report = analyze([str(gpu_trace(tmp_path / "dl.json.gz", dataloader_us=1400, sync_wait_us=1))])
     (f,) = _rules(report, "dataloader-bottleneck")
-    assert f.severity == "warning" and 5 < f.metrics["pct_of_window"] < 25
+    assert f.severity == "warning" and 11.5 < f.metrics["pct_of_window"] < 17
+    # 800 us ~ 9 %: what healthy loaders measure (5-10 %, issue 18): reported, as info
+    report = analyze([str(gpu_trace(tmp_path / "dl9.json.gz", dataloader_us=800, sync_wait_us=1))])
+    (g,) = _rules(report, "dataloader-bottleneck")
+    assert g.severity == "info" and 5 < g.metrics["pct_of_window"] < 10
 
 
 def test_launch_overhead_on_cpu_from_a_real_run_of_tiny_ops() -> None:

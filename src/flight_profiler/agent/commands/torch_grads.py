@@ -70,7 +70,8 @@ class _Run:
 
         def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
             if exc is None and threading.get_ident() == self.active_thread:
-                self.carried = carried.after_call(token[0], target.bound_first, value)
+                self.carried = carried.after_call(token[0], target.bound_first, value,
+                                                  carried_graphs.loop_frame_tensors(self.torch.Tensor))
 
         ctx.add_hook(f"torch grads: graphs carried by {target.description}", hooks.install(target, None, on_exit))
 

@@ -187,12 +187,23 @@ def _record(ctx: Context, torch: Any) -> dict[str, Any]:
                        f"in {info['calls_recorded']} calls"}
 
 
+def _site_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The frame to name an allocation by: the innermost Python frame outside torch, else the
+    innermost Python frame, else the first. CUDA history recorded with context "all" puts the
+    C++ frames first (`??:0 torch::unwind::unwind()`, seen on an H100 with torch 2.11)."""
+    python = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    outside = [f for f in python if "/torch/" not in str(f.get("filename", ""))
+               and not str(f.get("filename", "")).startswith("torch/")]
+    for candidates in (outside, python, frames):
+        if candidates:
+            return candidates[0]
+    return None
+
+
 def _top_sites(allocs: list[dict[str, Any]], n: int = 8) -> list[dict[str, Any]]:
     sites: dict[str, list[int]] = {}
     for e in allocs:
-        frames = e.get("frames") or []
-        user = next((f for f in frames if "/torch/" not in str(f.get("filename", ""))
-                     and not str(f.get("filename", "")).startswith("torch/")), frames[0] if frames else None)
+        user = _site_frame(e.get("frames") or [])
         key = f"{user['filename']}:{user['line']} {user['name']}" if user else "?"
         entry = sites.setdefault(key, [0, 0])
         entry[0] += 1

@@ -1,10 +1,17 @@
-"""``torch profile``: a method's next calls (in the calling thread) or a time window (all
-threads) with torch.profiler, written as a Chrome trace; returns the top operators.
+"""``torch profile``: a method's next calls (in the calling thread), a time window (all
+threads), or a window around a method's next calls (all threads: the whole steps the calls run
+in), with torch.profiler, written as a Chrome trace; returns the top operators.
 
-args: target (method mode) or duration (window mode); calls, timeout, path/default_dir,
-record_shapes, profile_memory, with_stack, sort_by, row_limit, schedule [wait, warmup,
-active, repeat], tensorboard (a directory), label.
+args: target (method mode) or duration (window mode) or both with ``window`` (around mode);
+calls, timeout, path/default_dir, record_shapes, profile_memory, with_stack, sort_by, row_limit,
+schedule [wait, warmup, active, repeat], tensorboard (a directory), label.
 CPU activity always; CUDA activity when the target uses CUDA (synchronised before stopping).
+
+Windows carry step marks (agent/step_marks.py): each optimizer's steps and, around a method,
+its calls, so that the report can find the step whatever method was named. An all-threads
+session is started and stopped by the agent's thread, so it ends whatever the target does
+(the per-call sessions of method mode belong to the calling thread, see call_window.py); its
+price is that torch records no [memory] events from it.
 """
 
 from __future__ import annotations
@@ -14,17 +21,17 @@ import socket
 import time
 from typing import Any
 
-from .. import call_window, trace_tools
-from ..profiler_sessions import PerCall, schedule_roles
+from .. import call_window, profile_window, targets, trace_tools
+from ..profiler_sessions import PerCall, schedule_roles, start_profiler, stop_profiler
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
+from ..step_marks import CALL_MARK, StepMarks
 from ..torch_support import (
     check_writable,
     cuda_in_use,
     file_result,
     get_torch,
     output_path,
-    quiet_native_stderr,
 )
 
 
@@ -32,7 +39,11 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     torch = get_torch()
     duration = ctx.arg("duration")
     spec = ctx.arg("target")
-    if (duration is None) == (spec is None):
+    around = bool(ctx.arg("window"))
+    if around and spec is None:
+        raise CommandError("torch profile --window needs `module [class] method`",
+                           "e.g. `torch profile __main__ Model forward -n 10 --window`", ERR_USAGE)
+    if not around and (duration is None) == (spec is None):
         raise CommandError("torch profile needs either `module [class] method` or --duration",
                            "e.g. `torch profile __main__ train_step -n 3` or `torch profile --duration 5`",
                            ERR_USAGE)
@@ -47,10 +58,26 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
         "profile_memory": bool(ctx.arg("profile_memory")),
         "with_stack": bool(ctx.arg("with_stack")),
     }
-    if duration is not None:
+    if around:
+        prof, info = profile_window.around_calls(ctx, torch, spec, _activities(torch, use_cuda),
+                                                 use_cuda, options)
+        if prof is None:  # the method is the step, or no all-threads profiling: per call
+            held = bool(info.get("holds_step"))
+            # One warm-up call (its session pays kineto's start-up), then a ProfilerStep each.
+            calls = int(ctx.arg("calls", 1) or 1)
+            prof, info = _method(ctx, torch, spec, use_cuda, options,
+                                 schedule_roles(0, 1, calls, 1),
+                                 export_dir=os.path.dirname(path) or ".")
+            info["holds_step"] = held
+            info["note"] = ("each call holds a whole step (an optimizer step or a backward): one "
+                            "session per call, 1 warm-up call" if held else
+                            "this torch cannot profile all threads (no profile_all_threads): the "
+                            "calls only, one session each")
+    elif duration is not None:
         prof, info = _window(ctx, torch, float(duration), use_cuda, options)
     else:
-        prof, info = _method(ctx, torch, spec, use_cuda, options)
+        prof, info = _method(ctx, torch, spec, use_cuda, options,
+                             export_dir=os.path.dirname(path) or ".")
     name = ctx.arg("label") or f"flight_profiler pid {os.getpid()} {info.get('target', 'window')}"
     try:
         size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name))
@@ -65,7 +92,8 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     else:
         table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
     del trace
-    return {**file_result(path, size), "mode": "window" if duration is not None else "method",
+    mode = "around" if around and info.get("all_threads") else "window" if duration is not None and not around else "method"
+    return {**file_result(path, size), "mode": mode,
             "cuda": use_cuda, **info, "top_ops": table}
 
 
@@ -106,16 +134,23 @@ def _schedule(ctx: Context) -> list[str] | None:
     return schedule_roles(wait, warmup, active, repeat)
 
 
-def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
+def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[str, bool],
+            roles: list[str] | None = None, export_dir: str | None = None,
+            ) -> tuple[Any, dict[str, Any]]:
     if not isinstance(spec, dict):
         raise CommandError("torch profile needs `module [class] method`", "", ERR_USAGE)
     calls = int(ctx.arg("calls", 1) or 1)
     timeout = float(ctx.arg("timeout", 60.0) or 60.0)
-    roles = _schedule(ctx)
+    roles = _schedule(ctx) if roles is None else roles
     if roles is not None:
         calls = len(roles)
+    described = targets.resolve(spec).description
+    # Marked calls and optimizer steps: the report tells a method that is the step from one
+    # that runs inside it (whose calls are no steps: their memory and graphs live on after them).
+    profile_window.mark_optimizers(ctx, torch, StepMarks(torch, None))
     per_call = PerCall(torch, {"activities": _activities(torch, use_cuda), **options}, roles,
-                       steps=roles is not None, sync_cuda=use_cuda)
+                       steps=roles is not None, sync_cuda=use_cuda, mark=f"{CALL_MARK}{described}",
+                       export_dir=export_dir)
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
                                         what="profile")
@@ -124,7 +159,7 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     if not profs:
         raise CommandError("no profiled call completed (only wait/warmup calls ran)",
                            "raise --timeout or use a shorter --schedule", ERR_FAILED)
-    if roles is not None:
+    if roles is not None and ctx.arg("schedule"):
         info["schedule"] = list(ctx.arg("schedule"))
     info["sessions"] = len(profs)
     return profs, info
@@ -141,11 +176,12 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
     except Exception:  # older torch: only the agent's thread would be seen
         pass
     prof = torch.profiler.profile(**kwargs)
-    with quiet_native_stderr():
-        prof.start()
+    start_profiler(prof)
     started = time.monotonic()
     cancelled = False
+    marks = StepMarks(torch, None)
     try:
+        profile_window.mark_optimizers(ctx, torch, marks)
         while True:
             left = duration - (time.monotonic() - started)
             if left <= 0:
@@ -155,12 +191,12 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
                 cancelled = True
                 break
     finally:
+        ctx.remove_hooks()
         if use_cuda:
             torch.cuda.synchronize()
-        with quiet_native_stderr():
-            prof.stop()
+        stop_profiler(prof)
     info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3), "all_threads": all_threads,
-                            "cancelled": cancelled}
+                            "cancelled": cancelled, "optimizer_steps": marks.optimizer_steps()}
     if not all_threads:
         info["note"] = "this torch cannot profile other threads (no profile_all_threads): the trace is mostly empty"
     return prof, info

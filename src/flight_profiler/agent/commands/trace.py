@@ -4,7 +4,8 @@ Args (built by requests/hooks.py)::
 
     target      {"module", "class", "method", "nested"}
     min_ms      hide subtrees faster than this (default 0.1), summarised with a count
-    depth       show this many levels below the traced call (default 0: all)
+    depth       show this many levels below the traced call (default 0: all, at most
+                MAX_TREE_DEPTH)
     count       stop after this many matching calls
     filter      expression over params/kwargs/target/return_obj/throw_exp/cost (as watch)
     timeout     stop after this many seconds
@@ -32,7 +33,8 @@ import time
 import types
 from typing import Any, Callable
 
-from .. import hooks, values
+from .. import depth_guard, hooks, shield, values
+from ..hook_gate import Gate, calls_nothing
 from ..hook_registry import HOOK_FILE_PREFIX
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
@@ -40,6 +42,10 @@ from ..targets import resolve
 from .watch import QUEUE_MAX, Pump, at_entry, compile_call_function, number_arg
 
 MAX_NODES = 20000
+# Levels of the tree shown below the traced call, whatever -d says: the tree is built by
+# recursion on the target's thread and sent as nested JSON, so its depth must stay bounded
+# even below a function recursing 10,000 deep in a target that raised its recursion limit.
+MAX_TREE_DEPTH = 100
 # The agent's own callbacks (another hook's on_enter/on_exit met inside the traced call).
 _AGENT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _AGENT_FILES = ("<-f>", "<--expr>")
@@ -54,68 +60,92 @@ def make_recorder(
     """A ``sys.setprofile`` function recording the call-path tree below ``code``.
 
     Returns (profile function, root children, [node count, done flag]). A node is a list
-    ``[count, total_ns, children]``; children are keyed by code object (Python) or callable
-    (C). This runs on every call and return inside the traced call, hence the closures over
-    locals and the trick for inclusive time: a node subtracts the clock when entered and adds it
-    when left (a call path is on the stack at most once, so no start time needs storing).
+    ``[count, total_ns, children, what]``, ``what`` its code object (Python) or callable (C);
+    children are keyed by ``id(code)`` for Python (a code object's hash is recomputed from its
+    constants on every lookup: microseconds for a big function; the tree holds the code, so
+    the id stays its own) and by the callable for C. This runs on every call and return inside
+    the traced call, hence the closures over locals and the trick for inclusive time: a node
+    subtracts the clock when entered and adds it when left (a call path is on the stack at most
+    once, so no start time needs storing).
     """
-    clock = time.perf_counter_ns
+    clock = _clock
     root: dict[Any, list[Any]] = {}
     stack: list[list[Any]] = []
     push, pop = stack.append, stack.pop
     info = [0, 0]  # nodes, done
-    overflow_key = "<more call paths than the trace keeps>"
-
-    def new_node(children: dict[Any, list[Any]], key: Any) -> list[Any]:
-        if info[0] >= MAX_NODES:
-            key = overflow_key
-            node = children.get(key)
-            if node is not None:
-                return node
-        node = children[key] = [0, 0, {}]
-        info[0] += 1
-        return node
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            if stack:
-                children = stack[-1][2]
-            elif frame.f_code is code and not info[1]:
-                children = root
-            else:
+        node: list[Any]
+        try:  # nothing of ours may reach the traced code (it would also unset us)
+            if event == "call":
+                what = frame.f_code
+                if stack:
+                    children = stack[-1][2]
+                elif what is code and not info[1]:
+                    children = root
+                else:
+                    if info[1] and sys.getprofile() is profile:
+                        sys.setprofile(None)  # over, but still set (its exit never ran)
+                    return
+            elif event == "return":
+                if stack:
+                    node = pop()
+                    node[1] += clock()
+                    if not stack:  # the traced call returned: stop paying at once (the
+                        info[1] = 1  # wrapper's own work after it would be events too)
+                        if sys.getprofile() is profile:
+                            sys.setprofile(None)
                 return
-            key: Any = frame.f_code
-        elif event == "return":
-            if stack:
+            elif not c_calls or not stack:
+                return
+            elif event == "c_call":
+                owner = getattr(arg, "__self__", None)
+                # A method bound per call (list.append, Tensor.sum) is keyed by (type, name)
+                # so its calls aggregate (and an unhashable instance is never hashed); module
+                # functions and pybind11 functions (bound to a capsule) are stable objects.
+                if owner is None or type(owner) is _ModuleType or type(owner) is _CAPSULE:
+                    what = arg
+                else:
+                    what = (type(owner), arg.__name__)
+                children = stack[-1][2]
+                found = children.get(what)
+                node = found if found is not None else _new_node(children, what, what, info)
+                node[0] += 1
+                node[1] -= clock()
+                push(node)
+                return
+            else:  # c_return, c_exception
                 node = pop()
                 node[1] += clock()
-                if not stack:
-                    info[1] = 1
-            return
-        elif not c_calls or not stack:
-            return
-        elif event == "c_call":
-            owner = getattr(arg, "__self__", None)
-            # A method bound per call (list.append, Tensor.sum) is keyed by (type, name) so its
-            # calls aggregate (and an unhashable instance is never hashed); module functions
-            # and pybind11 functions (bound to a capsule) are stable objects.
-            if owner is None or type(owner) is _ModuleType or type(owner) is _CAPSULE:
-                key = arg
-            else:
-                key = (type(owner), arg.__name__)
-            children = stack[-1][2]
-        else:  # c_return, c_exception
-            node = pop()
-            node[1] += clock()
-            return
-        node = children.get(key)
-        if node is None:
-            node = new_node(children, key)
-        node[0] += 1
-        node[1] -= clock()
-        push(node)
+                return
+            key = id(what)
+            found = children.get(key)
+            node = found if found is not None else _new_node(children, key, what, info)
+            node[0] += 1
+            node[1] -= clock()
+            push(node)
+        except BaseException as exc:
+            info[1] = 1
+            if sys.getprofile() is profile:
+                sys.setprofile(None)
+            shield.swallow(exc)
 
     return profile, root, info
+
+
+_clock = time.perf_counter_ns
+_OVERFLOW_KEY = "<more call paths than the trace keeps>"
+
+
+def _new_node(children: dict[Any, list[Any]], key: Any, what: Any, info: list[int]) -> list[Any]:
+    if info[0] >= MAX_NODES:
+        key = what = _OVERFLOW_KEY
+        node = children.get(key)
+        if node is not None:
+            return node
+    node = children[key] = [0, 0, {}, what]
+    info[0] += 1
+    return node
 
 
 def _describe(key: Any) -> tuple[str, str, int]:
@@ -145,7 +175,7 @@ def build_tree(
     """Render children to plain data: (shown nodes, hidden call count, hidden ns)."""
     shown: list[dict[str, Any]] = []
     hidden_calls = hidden_ns = 0
-    for key, (count, total, sub) in children.items():
+    for count, total, sub, key in children.values():
         if isinstance(key, types.CodeType):
             if key.co_filename.startswith(HOOK_FILE_PREFIX):
                 # a hook's wrapper (a watch elsewhere, a recursive call of the traced function):
@@ -187,6 +217,14 @@ class _State:
         self.lock = threading.Lock()
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
 
+    def filter_failed(self, err: BaseException) -> bool:
+        """The filter raised ``err``: the call does not match (True: reject it)."""
+        shield.swallow(err)
+        self.filter_errors += 1
+        if not self.first_filter_error:
+            self.first_filter_error = values.render_exception(err)
+        return True
+
 
 def handle_trace(ctx: Context) -> dict[str, Any]:
 
@@ -199,7 +237,8 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             ERR_USAGE,
         )
     min_ms = number_arg(ctx, "min_ms", 0.1, float)
-    max_depth = number_arg(ctx, "depth", 0)
+    asked_depth = number_arg(ctx, "depth", 0)
+    max_depth = min(asked_depth or MAX_TREE_DEPTH, MAX_TREE_DEPTH)
     limit = number_arg(ctx, "count", 0)
     timeout = number_arg(ctx, "timeout", 0, float)
     c_calls = bool(ctx.arg("c_calls"))
@@ -209,14 +248,17 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
     state = _State()
     min_ns = int(min_ms * 1e6)
 
+    guarded = bool(condition) and not calls_nothing(condition)
+    getlimit = sys.getrecursionlimit
+
     def passes(args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> bool:
+        shift = depth_guard.bounded() if guarded and getlimit() > depth_guard.SAFE_LIMIT else 0
         try:
             return check is None or bool(check(args, kwargs, value, exc, elapsed))
-        except Exception as err:
-            state.filter_errors += 1
-            if not state.first_filter_error:
-                state.first_filter_error = values.render_exception(err)
-            return False
+        except BaseException as err:
+            return not state.filter_failed(err)
+        finally:
+            depth_guard.release(shift)
 
     def on_enter(args: tuple[Any, ...], kwargs: Any) -> Any:
         state.calls += 1
@@ -224,6 +266,10 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             return hooks.SKIP
         if entry_filter and not passes(args, kwargs, None, None, 0):
             return hooks.SKIP
+        return start(args, kwargs)
+
+    def start(args: tuple[Any, ...], kwargs: Any) -> Any:
+        """A call past the entry filter: profile it (unless that cannot be done now)."""
         if sys.getprofile() is not None:  # never replace a profiler (ours, nested, or the user's)
             state.skipped_profiled += 1
             return hooks.SKIP
@@ -250,6 +296,14 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             if len(state.queue) >= QUEUE_MAX:
                 state.dropped += 1
                 return
+        shift = depth_guard.bounded()  # reprs may recurse: bounded
+        try:
+            state.queue.append(_event(n, root, info, value, exc, elapsed, args))
+        finally:
+            depth_guard.release(shift)
+
+    def _event(n: int, root: dict[Any, list[Any]], info: list[int], value: Any, exc: Any,
+               elapsed: int, args: tuple[Any, ...]) -> dict[str, Any]:
         # the target call itself is the single root; its children are what it called
         nodes = list(root.values())
         body: dict[Any, list[Any]] = nodes[0][2] if nodes else {}
@@ -269,13 +323,16 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             "exception": values.render_exception(exc) if exc is not None else None,
             "nodes": info[0], "tree": tree,
         }
-        state.queue.append(event)
+        return event
 
-    remove = hooks.install(target, on_enter, on_exit)
+    gate = Gate(state, state.filter_failed, on_exit, entry=condition if entry_filter else "",
+                bound_first=target.bound_first, on_pass_enter=start)
+    remove = hooks.install(target, on_enter, on_exit, gate=gate)
     ctx.add_hook(f"trace {target.description}", remove)
     started = time.monotonic()
     ctx.emit({
-        "type": "tracing", "target": target.description, "min_ms": min_ms, "depth": max_depth,
+        "type": "tracing", "target": target.description, "min_ms": min_ms,
+        "depth": asked_depth,
         "count": limit, "filter": condition, "c_calls": c_calls,
     })
     pump = Pump(ctx, state, started, timeout)

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import collections
 import itertools
+import sys
 import threading
 import time
 import types
 from typing import Any, Callable, Protocol
 
-from .. import hooks, values
+from .. import depth_guard, hooks, shield, values
 from ..expressions import split_top_level
+from ..hook_gate import Gate, calls_nothing
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..targets import Target, resolve
@@ -60,11 +62,13 @@ def number_arg(ctx: Context, name: str, default: float, kind: type = int) -> Any
 
 
 class ExprError:
-    """Stands for the value of an expression that raised (shown, never fatal)."""
+    """Stands for the value of an expression that raised (shown, never fatal): SystemExit,
+    KeyboardInterrupt and GeneratorExit included (shield.py)."""
 
     __slots__ = ("text",)
 
     def __init__(self, exc: BaseException) -> None:
+        shield.swallow(exc)
         self.text = f"<error: {values.render_exception(exc)}>"
 
 
@@ -120,11 +124,62 @@ def compile_call_function(
             lines += [
                 "    try:",
                 f"        __fp_v{i}__ = ({text}\n)",
-                "    except Exception as __fp_e__:",
+                "    except BaseException as __fp_e__:",
                 f"        __fp_v{i}__ = __fp_err__(__fp_e__)",
             ]
         lines.append("    return (" + "".join(f"__fp_v{i}__, " for i in range(len(exprs))) + ")")
     return _build(lines, target, what, (ExprError,))
+
+
+def compile_render(exprs: list[str], expand: int, default_view: bool, target: Target) -> Callable[..., Any]:
+    """One function ``(n, args, kwargs, return_obj, throw_exp, elapsed_ns) -> event``: every
+    expression evaluated and rendered to text, in straight-line code (it runs on the target's
+    thread for every reported call). An expression that raises shows as its error."""
+    used: set[str] = set()
+    for text in exprs:
+        used.update(check_syntax(text, "--expr").co_names)
+    lines = [
+        "def __fp_render__(__fp_n__, __fp_a__, kwargs, return_obj, throw_exp, __fp_ns__, "
+        "__fp_err__=None, __fp_R__=None, __fp_F__=None, __fp_E__=None, __fp_T__=None, "
+        "__fp_C__=None):",
+        *_prelude(used, target),
+        "    __fp_s__ = []",
+    ]
+    for text in exprs:
+        kind = _KINDS.get(text)
+        depth = expand + 1 if text in ("params", "args", "kwargs") else expand
+        if kind is _ARGS:
+            shown = [
+                "if type(__fp_v__) is tuple:",
+                f"    __fp_t__ = ', '.join([__fp_R__(__fp_x__, {depth - 1}) for __fp_x__ in __fp_v__])",
+                "    __fp_t__ = '(' + __fp_t__ + (',)' if len(__fp_v__) == 1 else ')')",
+                "else:",
+                f"    __fp_t__ = __fp_R__(__fp_v__, {depth})",
+            ]
+        elif kind is _COST:
+            shown = [f"__fp_t__ = __fp_F__(__fp_v__) if type(__fp_v__) is float else __fp_R__(__fp_v__, {depth})"]
+        else:
+            shown = [f"__fp_t__ = __fp_R__(__fp_v__, {depth})"]
+        body = [
+            "try:",
+            f"    __fp_v__ = ({text}\n)",
+            "except BaseException as __fp_e__:",
+            "    __fp_t__ = __fp_err__(__fp_e__).text",
+            "else:",
+            *("    " + ln for ln in shown),
+            f"__fp_s__.append([{text!r}, __fp_t__])",
+        ]
+        if kind is _RETURN and default_view:  # a call that raised has no return value to show
+            body = ["if throw_exp is None:", *("    " + ln for ln in body)]
+        lines += ["    " + ln for ln in body]
+    lines += [
+        "    return {'type': 'call', 'n': __fp_n__, 'ts': __fp_T__(), 'thread': __fp_C__().name,",
+        "            'cost_ms': __fp_ns__ / 1e6, 'values': __fp_s__,",
+        "            'exception': None if throw_exp is None else __fp_E__(throw_exp)}",
+    ]
+    defaults = (ExprError, values.render, values.fmt_ms, values.render_exception, time.time,
+                threading.current_thread)
+    return _build(lines, target, "--expr", defaults)
 
 
 EXIT_ONLY_NAMES = frozenset({"cost", "return_obj", "throw_exp"})
@@ -136,14 +191,20 @@ def at_entry(condition: str) -> bool:
 
 
 def _filter_lines(condition: str, target: Target, reject: str) -> list[str]:
+    # A filter that calls something may recurse: bounded (depth_guard.py); one that calls
+    # nothing costs no more than itself.
+    guarded = not calls_nothing(condition)
     return [
         *_prelude(set(check_syntax(condition, "-f").co_names), target),
+        *(["    __fp_d__ = __fp_bounded__() if __fp_limit__() > __fp_safe__ else 0"] if guarded else []),
         "    try:",
         f"        if not ({condition}\n):",
         f"            return {reject}",
-        "    except Exception as __fp_e__:",
+        "    except BaseException as __fp_e__:",
         "        __fp_s__.filter_failed(__fp_e__)",
         f"        return {reject}",
+        *(["    finally:", "        if __fp_d__:", "            __fp_release__(__fp_d__)"]
+          if guarded else []),
     ]
 
 
@@ -156,8 +217,9 @@ def compile_gate(
     those then run untimed, paying only for this one function. Any other filter runs on exit.
     """
     stop = "    if __fp_s__.stopped" + (" or throw_exp is None" if only_exceptions else "") + ":"
+    guard = "__fp_bounded__=None, __fp_release__=None, __fp_limit__=None, __fp_safe__=None"
     exit_lines = [
-        "def __fp_gate__(__fp_t__, return_obj, throw_exp, __fp_ns__, __fp_s__=None):",
+        f"def __fp_gate__(__fp_t__, return_obj, throw_exp, __fp_ns__, __fp_s__=None, {guard}):",
         *([] if at_entry(condition) else ["    __fp_s__.calls += 1"]),
         stop,
         "        return",
@@ -166,18 +228,27 @@ def compile_gate(
     if condition and not at_entry(condition):
         exit_lines += _filter_lines(condition, target, "")
     exit_lines.append("    __fp_s__.matched(__fp_a__, kwargs, return_obj, throw_exp, __fp_ns__)")
-    on_exit = _build(exit_lines, target, "-f", (state,))
+    guards = (depth_guard.bounded, depth_guard.release, sys.getrecursionlimit, depth_guard.SAFE_LIMIT)
+    on_exit = _build(exit_lines, target, "-f", (state, *guards))
     if not at_entry(condition):
         return None, on_exit
     enter_lines = [
-        "def __fp_gate_enter__(__fp_a__, kwargs, __fp_s__=None, __fp_skip__=None):",
+        f"def __fp_gate_enter__(__fp_a__, kwargs, __fp_s__=None, __fp_skip__=None, {guard}):",
         "    __fp_s__.calls += 1",
         "    if __fp_s__.stopped:",
         "        return __fp_skip__",
         *_filter_lines(condition, target, "__fp_skip__"),
         "    return (__fp_a__, kwargs)",
     ]
-    return _build(enter_lines, target, "-f", (state, hooks.SKIP)), on_exit
+    return _build(enter_lines, target, "-f", (state, hooks.SKIP, *guards)), on_exit
+
+
+def make_gate(condition: str, only_exceptions: bool, target: Target, state: _State) -> Gate:
+    """The same filter as :func:`compile_gate`'s, for the wrapper to run inline (hook_gate.py)."""
+    entry = at_entry(condition)
+    return Gate(state, state.filter_failed, state.passed,
+                entry=condition if entry else "", exit="" if entry else condition,
+                raised_only=only_exceptions, bound_first=target.bound_first)
 
 
 class _State:
@@ -200,12 +271,19 @@ class _State:
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
         self.busy = threading.local()  # set while rendering: ignore re-entrant calls
 
-    def filter_failed(self, err: BaseException) -> None:
+    def filter_failed(self, err: BaseException) -> bool:
+        """The filter raised ``err``: the call does not match (True: reject it)."""
+        shield.swallow(err)
         self.filter_errors += 1
         if not self.first_filter_error:
             self.first_filter_error = values.render_exception(err)
+        return True
 
     def matched(self, args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> None:
+        self.passed((args, kwargs), value, exc, elapsed)
+
+    def passed(self, token: tuple[Any, Any], value: Any, exc: Any, elapsed: int) -> None:
+        """A call past the filter (its token is the arguments): render and queue it."""
         n = next(self.counter)
         limit = self.limit
         if limit and n > limit:
@@ -216,12 +294,19 @@ class _State:
             self.dropped += 1
         elif not getattr(busy, "on", False):  # a repr that calls the watched function
             busy.on = True
+            # expressions and reprs may recurse: bounded (nothing to do at a usual limit)
+            shift = _bounded() if _getlimit() > _SAFE_LIMIT else 0
             try:
-                self.queue.append(self.render(n, args, kwargs, value, exc, elapsed))
+                self.queue.append(self.render(n, token[0], token[1], value, exc, elapsed))
             finally:
+                if shift:
+                    depth_guard.release(shift)
                 busy.on = False
         if n == limit:  # after the append, so the handler's last flush sends it
             self.stopped = True
+
+
+_bounded, _getlimit, _SAFE_LIMIT = depth_guard.bounded, sys.getrecursionlimit, depth_guard.SAFE_LIMIT
 
 
 class PumpState(Protocol):
@@ -301,42 +386,12 @@ def handle_watch(ctx: Context) -> dict[str, Any]:
     limit = number_arg(ctx, "count", 0)
     timeout = number_arg(ctx, "timeout", 0, float)
 
-    evaluate = compile_call_function(exprs, target, "--expr")
-    depths = [expand + 1 if e in ("params", "args", "kwargs") else expand for e in exprs]
-    kinds = [_KINDS.get(e) for e in exprs]
-    default_view = not expr_text
-    clock = time.time
-
-    def render(n: int, args: tuple[Any, ...], kwargs: Any, value: Any, exc: Any, elapsed: int) -> dict[str, Any]:
-        results = evaluate(args, kwargs, value, exc, elapsed)
-        shown = []
-        render_value = values.render
-        for label, kind, result, depth in zip(exprs, kinds, results, depths):
-            if kind is _RETURN and exc is not None and default_view:
-                continue  # a call that raised has no return value to show
-            if type(result) is ExprError:
-                text = result.text
-            elif kind is _COST and type(result) is float:
-                text = values.fmt_ms(result)
-            elif kind is _ARGS and type(result) is tuple:
-                inner = [render_value(v, depth - 1) for v in result]
-                text = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
-            else:
-                text = render_value(result, depth)
-            shown.append([label, text])
-        return {
-            "type": "call",
-            "n": n,
-            "ts": clock(),
-            "thread": threading.current_thread().name,
-            "cost_ms": elapsed / 1e6,
-            "values": shown,
-            "exception": values.render_exception(exc) if exc is not None else None,
-        }
+    render = compile_render(exprs, expand, not expr_text, target)
 
     state = _State(limit, render)
     on_enter, on_exit = compile_gate(condition, only_exceptions, target, state)
-    remove = hooks.install(target, on_enter, on_exit)
+    gate = make_gate(condition, only_exceptions, target, state)
+    remove = hooks.install(target, on_enter, on_exit, gate=gate)
     ctx.add_hook(f"watch {target.description}", remove)
     started = time.monotonic()
     ctx.emit({

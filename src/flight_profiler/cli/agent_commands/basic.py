@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.cli.agent_commands.base import fmt, txt
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -11,55 +13,56 @@ if TYPE_CHECKING:
 def render_status(data: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
-    py = data.get("python", {})
-    torch = data.get("torch", {})
+    py = data.get("python") or {}
+    torch = data.get("torch") or {}
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("agent", f"{data.get('agent_version')} (up {data.get('uptime_s', 0):.1f}s)")
-    table.add_row("pid", str(data.get("pid")))
-    table.add_row("python", f"{py.get('version')} {py.get('executable')}")
-    table.add_row("argv", " ".join(py.get("argv") or []))
-    threads = data.get("threads", {})
-    table.add_row("threads", f"{threads.get('total')} ({threads.get('agent')} of them the agent's)")
+    table.add_row("agent", f"{txt(data.get('agent_version'), 80)} (up {fmt(data.get('uptime_s'), '.1f')}s)")
+    table.add_row("pid", fmt(data.get("pid"), "d"))
+    table.add_row("python", f"{txt(py.get('version'), 80)} {txt(py.get('executable'))}")
+    table.add_row("argv", txt(" ".join(py.get("argv") or [])))
+    threads = data.get("threads") or {}
+    table.add_row("threads", f"{fmt(threads.get('total'), 'd')} ({fmt(threads.get('agent'), 'd')} of "
+                             "them the agent's)")
     if torch.get("imported"):
         cuda = torch.get("cuda_available")
-        cuda_text = {True: "CUDA available", False: "CUDA not available", None: "CUDA unknown"}[cuda]
+        cuda_text = ("CUDA available" if cuda is True else "CUDA not available" if cuda is False
+                     else "CUDA unknown")
         if torch.get("cuda_error"):
-            cuda_text += f" ({torch['cuda_error']})"
-        table.add_row("torch", f"{torch.get('version')}, {cuda_text}")
+            cuda_text += f" ({txt(torch['cuda_error'], 400)})"
+        table.add_row("torch", f"{txt(torch.get('version'), 80)}, {cuda_text}")
     else:
         table.add_row("torch", "not imported by the target")
     hooks = data.get("active_hooks") or []
-    table.add_row("instrumentation", "\n".join(hooks) if hooks else "none")
+    table.add_row("instrumentation", "\n".join(txt(h) for h in hooks) if hooks else "none")
     console.print(table)
 
 
 def render_stack(data: dict[str, Any], console: Console) -> None:
-    from rich.markup import escape
-
-    for thread in data.get("threads", []):
+    for thread in data["threads"]:
         tags = [t for t, on in (("main", thread.get("main")), ("daemon", thread.get("daemon")),
                                 ("agent", thread.get("agent"))) if on]
         native = thread.get("native_id")
-        head = f"Thread {thread.get('name')!s}" + (f" (tid {native})" if native else "")
+        head = f"Thread {txt(thread.get('name'), 200)}" + (f" (tid {fmt(native, 'd')})" if native else "")
         progress = thread.get("progress")
-        if isinstance(progress, dict):
-            head += f", {progress.get('switches')} context switches, {progress.get('cpu_ticks')} CPU ticks"
-        suffix = escape(f" [{', '.join(tags)}]") if tags else ""
-        console.print(f"[bold]{escape(head)}[/bold]{suffix}", highlight=False)
-        for frame in thread.get("frames", []):
+        if progress:
+            head += (f", {fmt(progress.get('switches'), 'd')} context switches, "
+                     f"{fmt(progress.get('cpu_ticks'), 'd')} CPU ticks")
+        suffix = f" \\[{', '.join(tags)}]" if tags else ""
+        console.print(f"[bold]{head}[/bold]{suffix}", highlight=False)
+        for frame in thread["frames"]:
             console.print(
-                f'  File "{escape(str(frame["file"]))}", line {frame["line"]}, '
-                f"in [cyan]{escape(str(frame['function']))}[/cyan]",
+                f'  File "{txt(frame["file"])}", line {fmt(frame.get("line"), "d")}, '
+                f"in [cyan]{txt(frame['function'], 400)}[/cyan]",
                 highlight=False, soft_wrap=True,
             )
         console.print()
-    hidden = data.get("hidden_agent_threads", 0)
+    hidden = data.get("hidden_agent_threads") or 0
     if hidden:
         console.print(f"[dim]{hidden} agent thread(s) hidden; `stack --all` shows them[/dim]")
 
 
 def render_detach(data: dict[str, Any], console: Console) -> None:
-    removed = data.get("hooks_removed", 0)
+    removed = data.get("hooks_removed") or 0
     console.print(f"detached: agent stopped, {removed} hook(s) removed")

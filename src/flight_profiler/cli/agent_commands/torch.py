@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.cli.agent_commands.base import fmt, txt
 from flight_profiler.report.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -12,26 +13,38 @@ if TYPE_CHECKING:
 
 def _size(n: Any) -> str:
     """Bytes from the agent's JSON, where a missing figure is None or a string."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        return "?"
     try:
         return fmt_bytes(float(n))
-    except (TypeError, ValueError):
+    except (ValueError, OverflowError):  # NaN, infinities
         return "?"
 
 
 def _signed(n: Any) -> str:
-    v = int(n or 0)
-    return ("+" if v > 0 else "-" if v < 0 else "") + _size(abs(v))
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n != n:
+        return "?"
+    return ("+" if n > 0 else "-" if n < 0 else "") + _size(abs(n))
+
+
+def _shape(shape: list[int]) -> str:
+    return str(tuple(shape))
 
 
 def render_progress(data: dict[str, Any], console: Console) -> None:
     message = data.get("message")
     if message:
-        console.print(f"[dim]{message}[/dim]")
+        console.print(f"[dim]{txt(message, 400)}[/dim]", highlight=False)
 
 
 def _file_line(data: dict[str, Any], console: Console, what: str) -> None:
     if data.get("path"):
-        console.print(f"{what} written: [bold]{data['path']}[/bold] ({_size(data.get('size'))})")
+        console.print(f"{what} written: [bold]{txt(data['path'])}[/bold] ({_size(data.get('size'))})",
+                      highlight=False, soft_wrap=True)
+
+
+def _note(console: Console, text: Any) -> None:
+    console.print(f"[yellow]note:[/yellow] {txt(text)}", highlight=False)
 
 
 # -- torch memory --------------------------------------------------------------------------
@@ -42,39 +55,46 @@ def render_memory(data: dict[str, Any], console: Console) -> None:
 
     mode = data.get("mode")
     if mode == "summary":
-        console.print(f"process RSS: {_size(data.get('rss_bytes'))}   CUDA in use: {data.get('cuda')}")
+        console.print(f"process RSS: {_size(data.get('rss_bytes'))}   CUDA in use: "
+                      f"{txt(data.get('cuda'), 80)}", highlight=False)
         if data.get("devices"):
             t = Table("device", "allocated", "reserved", "peak allocated", "reserved - allocated")
             for d in data["devices"]:
-                t.add_row(d["device"], _size(d["allocated"]), _size(d["reserved"]),
+                t.add_row(txt(d["device"], 80), _size(d["allocated"]), _size(d["reserved"]),
                           _size(d["peak_allocated"]), _size(d["fragmentation"]))
             console.print(t)
             settings = data.get("allocator_settings") or {}
-            console.print("allocator settings: " + (", ".join(f"{k}={v}" for k, v in settings.items()) or "defaults"))
+            console.print("allocator settings: " + (", ".join(f"{txt(k, 200)}={txt(v, 400)}"
+                                                              for k, v in settings.items())
+                                                    or "defaults"), highlight=False)
         t = Table("device", "live tensors", "bytes (storages once)", title="live tensors by device")
         for dev, row in sorted((data.get("tensors_by_device") or {}).items()):
-            t.add_row(dev, str(row["count"]), _size(row["bytes"]))
+            t.add_row(txt(dev, 80), str(row["count"]), _size(row["bytes"]))
         console.print(t)
         return
     if mode == "history":
-        console.print(f"allocation history recording: {'on' if data.get('recording') else 'off'} - {data.get('note', '')}")
+        console.print(f"allocation history recording: {'on' if data.get('recording') else 'off'} - "
+                      f"{txt(data.get('note') or '')}", highlight=False)
         return
     _file_line(data, console, "snapshot" if mode == "snapshot" else "recording")
     if mode == "snapshot":
-        console.print(f"{data.get('device_type')} snapshot: {data.get('segments')} segments, "
-                      f"{_size(data.get('reserved_bytes'))} reserved, {_size(data.get('active_bytes'))} active, "
-                      f"{data.get('trace_entries')} trace entries")
+        console.print(f"{txt(data.get('device_type'), 40)} snapshot: {fmt(data.get('segments'), 'd')} "
+                      f"segments, {_size(data.get('reserved_bytes'))} reserved, "
+                      f"{_size(data.get('active_bytes'))} active, "
+                      f"{fmt(data.get('trace_entries'), 'd')} trace entries", highlight=False)
     else:
-        console.print(f"{data.get('summary', '')}; still allocated at the end: {_size(data.get('surviving_bytes'))}")
+        console.print(f"{txt(data.get('summary') or '')}; still allocated at the end: "
+                      f"{_size(data.get('surviving_bytes'))}", highlight=False)
         if data.get("timed_out") or data.get("cancelled"):
-            console.print(f"[yellow]stopped early: {data.get('calls_recorded')} of {data.get('calls_requested')} calls[/yellow]")
+            console.print(f"[yellow]stopped early: {fmt(data.get('calls_recorded'), 'd')} of "
+                          f"{fmt(data.get('calls_requested'), 'd')} calls[/yellow]")
         if data.get("top_sites"):
             t = Table("allocation site", "count", "bytes", title="top allocation sites")
             for row in data["top_sites"]:
-                t.add_row(row["site"], str(row["count"]), _size(row["bytes"]))
+                t.add_row(txt(row["site"], 400), str(row["count"]), _size(row["bytes"]))
             console.print(t)
     for note in data.get("notes") or []:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        _note(console, note)
     if data.get("path"):
         console.print("open it with `flight_profiler report FILE` or PyTorch's memory_viz")
 
@@ -91,39 +111,62 @@ def render_tensors(data: dict[str, Any], console: Console) -> None:
 
     _file_line(data, console, "census")
     totals = data.get("totals") or {}
-    console.print(f"{totals.get('count', 0)} live tensors, {_size(totals.get('bytes'))} "
-                  f"(storages counted once); {totals.get('with_grad_fn', 0)} hold a grad_fn, their graphs "
-                  f"keep {_size(totals.get('graph_bytes'))} more alive; census took {float(data.get('elapsed_s') or 0):.2f} s")
-    holders = Table(holder_col(), "kind", "tensors", "bytes", "grad_fn", "graph bytes", title="who holds them")
-    for h in data.get("holders") or []:
-        holders.add_row(h["example"] if h["path"] == h["example"] else f"{h['path']}  (e.g. {h['example']})",
-                        h["kind"], str(h["count"]), _size(h["bytes"]), str(h["with_grad_fn"]), _size(h["graph_bytes"]))
+    console.print(f"{fmt(totals.get('count', 0), 'd')} live tensors, {_size(totals.get('bytes'))} "
+                  f"(storages counted once); {fmt(totals.get('with_grad_fn', 0), 'd')} hold a grad_fn, "
+                  f"their graphs keep {_size(totals.get('graph_bytes'))} more alive; census took "
+                  f"{fmt(data.get('elapsed_s') or 0, '.2f')} s", highlight=False)
+    if data.get("moment") and data["moment"] != "at a safe point":
+        console.print(f"taken {txt(data['moment'], 200)}", highlight=False)
+    rows = data.get("holders") or []
+    compared = any("sampled" in h for h in rows)
+    columns = ["kind", "tensors", "bytes", "grad_fn", "graph bytes"] + (["since the previous census"] if compared else [])
+    holders = Table(holder_col(), *columns, title="who holds them")
+    for h in rows:
+        kind = f"{txt(h['kind'], 80)} (cap {fmt(h['cap'], 'd')})" if "cap" in h else txt(h["kind"], 80)
+        cells = [kind, str(h["count"]), _size(h["bytes"]), str(h["with_grad_fn"]), _size(h["graph_bytes"])]
+        if compared:
+            cells.append(_since(h))
+        where = txt(h["example"]) if h["path"] == h["example"] else f"{txt(h['path'])}  (e.g. {txt(h['example'])})"
+        holders.add_row(where, *cells)
     groups = Table("device", "dtype", "shape", "tensors", "bytes", "grad_fn", title="biggest groups")
     for g in data.get("groups") or []:
-        groups.add_row(g["device"], g["dtype"], str(tuple(g["shape"])), str(g["count"]), _size(g["bytes"]), str(g["with_grad_fn"]))
+        groups.add_row(txt(g["device"], 80), txt(g["dtype"], 80), _shape(g["shape"]), str(g["count"]),
+                       _size(g["bytes"]), str(g["with_grad_fn"]))
     for table in ((groups, holders) if data.get("by") == "shape" else (holders, groups)):
         console.print(table)
     if data.get("note"):
-        console.print(f"[yellow]note:[/yellow] {data['note']}")
+        _note(console, data["note"])
     diff = data.get("diff")
     if diff:
-        t = diff.get("totals", {})
-        console.print(f"since the previous census ({diff.get('seconds_between')} s earlier): "
-                      f"{t.get('count_delta', 0):+d} tensors, {_signed(t.get('bytes_delta'))}, "
-                      f"graphs {_signed(t.get('graph_bytes_delta'))}")
+        t = diff.get("totals") or {}
+        console.print(f"since the previous census ({fmt(diff.get('seconds_between'), 'g')} s earlier): "
+                      f"{fmt(t.get('count_delta', 0), '+d')} tensors, {_signed(t.get('bytes_delta'))}, "
+                      f"graphs {_signed(t.get('graph_bytes_delta'))}", highlight=False)
         if not diff.get("same_process"):
             console.print("[yellow]the previous census is from another process[/yellow]")
         grew = Table(holder_col(), "tensors", "bytes", "graph bytes", title="what grew, by holder")
         for h in diff.get("holders") or []:
-            grew.add_row(h["path"], f"{h['count_before']} -> {h['count_after']}", _signed(h["bytes_delta"]), _signed(h["graph_bytes_delta"]))
+            grew.add_row(txt(h["path"]), f"{h['count_before']} -> {h['count_after']}",
+                         _signed(h["bytes_delta"]), _signed(h["graph_bytes_delta"]))
         console.print(grew)
         gg = Table("device", "dtype", "shape", "tensors", "bytes", title="what grew, by group")
         for g in diff.get("groups") or []:
-            gg.add_row(g["device"], g["dtype"], str(tuple(g["shape"])), f"{g['count_before']} -> {g['count_after']}", _signed(g["bytes_delta"]))
+            gg.add_row(txt(g["device"], 80), txt(g["dtype"], 80), _shape(g["shape"]),
+                       f"{g['count_before']} -> {g['count_after']}", _signed(g["bytes_delta"]))
         console.print(gg)
     skipped = data.get("skipped") or {}
     if skipped.get("reason"):
-        console.print(f"[yellow]incomplete:[/yellow] {skipped['reason']}")
+        console.print(f"[yellow]incomplete:[/yellow] {txt(skipped['reason'])}", highlight=False)
+
+
+def _since(h: dict[str, Any]) -> str:
+    """What a holder still holds of the previous census, and whether its graph is chained to it."""
+    parts = []
+    if "sampled" in h:
+        parts.append(f"{fmt(h.get('kept', 0), 'd')} of {fmt(h['sampled'], 'd')} still held")
+    if h.get("chained") is True:
+        parts.append("graph chained to the previous one")
+    return "; ".join(parts) or "new"
 
 
 # -- torch profile -------------------------------------------------------------------------
@@ -135,22 +178,26 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
     _file_line(data, console, "trace")
     if data.get("mode") == "window":
         console.print(f"profiled {'all threads' if data.get('all_threads') else 'the agent thread only'} "
-                      f"for {data.get('duration_s')} s")
+                      f"for {fmt(data.get('duration_s'), 'g')} s")
     else:
-        console.print(f"profiled {data.get('calls_recorded')} of {data.get('calls_requested')} calls of {data.get('target')}")
+        console.print(f"profiled {fmt(data.get('calls_recorded'), 'd')} of "
+                      f"{fmt(data.get('calls_requested'), 'd')} calls of {txt(data.get('target'))}",
+                      highlight=False)
     if data.get("note"):
-        console.print(f"[yellow]note:[/yellow] {data['note']}")
+        _note(console, data["note"])
     ops = data.get("top_ops")
     if not ops:  # a trace too big to summarise inside the target (the note says so)
         console.print("open the trace in Perfetto (ui.perfetto.dev); `flight_profiler report FILE` diagnoses it")
         return
     cuda = ops.get("has_cuda")
     columns = ["operator", "calls", "self CPU", "CPU total"] + (["self CUDA"] if cuda else [])
-    t = Table(*columns, title=f"top operators by {ops.get('sort_by')} ({ops.get('operators', 0)} distinct)")
+    t = Table(*columns, title=f"top operators by {txt(ops.get('sort_by'), 40)} "
+                              f"({fmt(ops.get('operators', 0), 'd')} distinct)")
     for r in ops.get("rows") or []:
-        row = [r["name"][:70], str(int(r["count"])), f"{r['self_cpu'] / 1000:.3f} ms", f"{r['cpu_total'] / 1000:.3f} ms"]
+        row = [txt(r["name"], 70), fmt(r["count"], ".0f"), f"{fmt(r['self_cpu'] / 1000, '.3f')} ms",
+               f"{fmt(r['cpu_total'] / 1000, '.3f')} ms"]
         if cuda:
-            row.append(f"{r['self_cuda'] / 1000:.3f} ms")
+            row.append(f"{fmt((r.get('self_cuda') or 0) / 1000, '.3f')} ms")
         t.add_row(*row)
     console.print(t)
     console.print("open the trace in Perfetto (ui.perfetto.dev) or chrome://tracing; `flight_profiler report FILE` diagnoses it")
@@ -159,6 +206,7 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
 # -- torch dataloader ----------------------------------------------------------------------
 
 _CATEGORY = {"dataloader_wait": "waiting for DataLoader workers", "dataloader_load": "loading batches itself",
+             "dataloader_receive": "receiving batches from DataLoader workers",
              "sleep": "sleeping", "io": "in I/O", "wait": "waiting", "running": "running Python/ops"}
 
 
@@ -166,34 +214,44 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
     if data.get("note"):
-        console.print(data["note"])
+        console.print(txt(data["note"]), highlight=False)
+    sampled = fmt(data.get("sampled_s"), "g")
     for n, dl in enumerate(data.get("loaders") or [], 1):
         ds = dl.get("dataset") or {}
-        length = "?" if ds.get("length") is None else ds["length"]
-        console.print(f"[bold]DataLoader {n}[/bold] ({dl.get('type')}): dataset {ds.get('type')} "
-                      f"(len {length}), batch_size={dl.get('batch_size')}, num_workers={dl.get('num_workers')}, "
-                      f"pin_memory={dl.get('pin_memory')}, prefetch_factor={dl.get('prefetch_factor')}, "
-                      f"persistent_workers={dl.get('persistent_workers')}")
+        length = "?" if ds.get("length") is None else fmt(ds["length"], "d")
+        console.print(f"[bold]DataLoader {n}[/bold] ({txt(dl.get('type'), 200)}): dataset "
+                      f"{txt(ds.get('type'), 200)} (len {length}), batch_size={txt(dl.get('batch_size'), 40)}, "
+                      f"num_workers={txt(dl.get('num_workers'), 40)}, pin_memory={txt(dl.get('pin_memory'), 40)}, "
+                      f"prefetch_factor={txt(dl.get('prefetch_factor'), 40)}, "
+                      f"persistent_workers={txt(dl.get('persistent_workers'), 40)}", highlight=False)
         for it in dl.get("iterators") or []:
-            rate = (f" ({it['batches_in_window']} in the {data.get('sampled_s')} s sampled: "
-                    f"{it['batches_per_s']}/s)" if it.get("batches_per_s") is not None else "")
-            console.print(f"  iterator {it.get('type')}: {it.get('batches_yielded')} batches yielded{rate}, "
-                          f"{it.get('batches_in_flight')} in flight, {it.get('batches_ready')} ready"
-                          + (" (ended during the sample)" if it.get("ended_during_window") else ""))
+            rate = (f" ({fmt(it.get('batches_in_window'), 'd')} in the {sampled} s sampled: "
+                    f"{fmt(it['batches_per_s'], 'g')}/s)" if it.get("batches_per_s") is not None else "")
+            console.print(f"  iterator {txt(it.get('type'), 200)}: {fmt(it.get('batches_yielded'), 'd')} "
+                          f"batches yielded{rate}, {fmt(it.get('batches_in_flight'), 'd', 'None')} in flight, "
+                          f"{fmt(it.get('batches_ready'), 'd')} ready"
+                          + (" (ended during the sample)" if it.get("ended_during_window") else ""),
+                          highlight=False)
             if it.get("workers"):
                 t = Table("worker", "pid", "state", "CPU %", "RSS")
                 for w in it["workers"]:
-                    t.add_row(str(w.get("worker_id")), str(w.get("pid")), str(w.get("state")),
-                              "?" if w.get("cpu_percent") is None else f"{w['cpu_percent']:.0f}",
+                    t.add_row(fmt(w.get("worker_id"), "d"), fmt(w.get("pid"), "d", "None"),
+                              txt(w.get("state"), 40), fmt(w.get("cpu_percent"), ".0f"),
                               _size(w.get("rss_bytes")))
                 console.print(t)
         if not dl.get("iterators"):
             console.print("  no live iterator (not being iterated right now)")
     threads = data.get("threads") or []
     if threads:
-        console.print(f"where the threads spent the last {data.get('sampled_s')} s:")
+        console.print(f"where the threads spent the last {sampled} s:")
         for th in threads:
-            shares = ", ".join(f"{_CATEGORY.get(k, k)} {v:.0%}" for k, v in (th.get("shares") or {}).items())
-            console.print(f"  [bold]{th.get('thread')}[/bold]: {shares}")
+            shares = ", ".join(f"{txt(_CATEGORY.get(k, k), 80)} {fmt(v, '.0%')}"
+                               for k, v in (th.get("shares") or {}).items())
+            console.print(f"  [bold]{txt(th.get('thread'), 200)}[/bold]: {shares}", highlight=False)
             for top in (th.get("top") or [])[:2]:
-                console.print(f"    {top['share']:.0%} {top['where']}")
+                console.print(f"    {fmt(top['share'], '.0%')} {txt(top['where'], 400)}", highlight=False)
+    for row in data.get("next_timing") or []:
+        console.print(f"DataLoader next() timed on {txt(row.get('thread'), 200)}: "
+                      f"{fmt(row.get('batches'), 'd')} batches in {fmt(row.get('window_s'), '.2f')} s, "
+                      f"{fmt(row.get('next_s'), '.3f')} s in next(): "
+                      f"{fmt(100 * float(row.get('share') or 0), '.1f')}% of its loop", highlight=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.cli.agent_commands.base import fmt, txt
 from flight_profiler.cli.agent_commands.torch import _file_line
 
 if TYPE_CHECKING:
@@ -21,8 +22,8 @@ def _g(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, str):
-        return v
-    return f"{v:.3g}"
+        return txt(v, 40)
+    return fmt(v, ".3g")
 
 
 def render_grads(data: dict[str, Any], console: Console) -> None:
@@ -33,31 +34,36 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
 
     _file_line(data, console, "gradient health")
     measurements = data.get("measurements") or []
-    where = f"after each of {len(measurements)} calls of {data['target']}" if data.get("target") else \
+    where = f"after each of {len(measurements)} calls of {txt(data['target'])}" if data.get("target") else \
         f"{len(measurements)} measurement(s) at the main thread's safe point"
-    console.print(f"measured {where}")
+    console.print(f"measured {where}", highlight=False)
     for index, model in enumerate(data.get("models") or []):
-        series = [m["models"][index] for m in measurements]
+        series = [m["models"][index] for m in measurements if index < len(m["models"])]
         last = series[-1] if series else {}
-        console.print(f"[bold]{model['name']}[/bold] ({model['class']}, {model['numel']:,} parameters in "
-                      f"{model['params']} tensors): grad norm " + " -> ".join(_g(s.get("grad_norm")) for s in series)
-                      + f", weight norm {_g(last.get('weight_norm'))}, measured in {_g(last.get('elapsed_s'))} s")
+        console.print(f"[bold]{txt(model['name'], 200)}[/bold] ({txt(model['class'], 200)}, "
+                      f"{fmt(model['numel'], ',')} parameters in {fmt(model['params'], 'd')} tensors): "
+                      "grad norm " + " -> ".join(_g(s.get("grad_norm")) for s in series)
+                      + f", weight norm {_g(last.get('weight_norm'))}, measured in "
+                      f"{_g(last.get('elapsed_s'))} s", highlight=False)
         if index >= 3:
             continue  # the biggest models first; the file has them all
         t = Table(Column("parameter", overflow="fold"), "shape", "grad norm", "max |grad|", "NaN", "Inf", "weight norm")
         layers = model.get("layers") or []
         rows = last.get("layers") or []
+        weight_norms = last.get("weight_norms") or []
         for i, layer in enumerate(layers[:ROWS]):
             row = rows[i] if i < len(rows) else None
-            cells = ["(no grad)", "-", "-", "-"] if row is None else [_g(row[0]), _g(row[1]), str(row[2]), str(row[3])]
-            wn = (last.get("weight_norms") or [None] * len(layers))[i] if i < len(last.get("weight_norms") or []) else None
-            t.add_row(layer["name"], str(tuple(layer["shape"])), *cells, _g(wn))
+            cells = ["(no grad)", "-", "-", "-"] if row is None else [_g(row[0]), _g(row[1]), _g(row[2]), _g(row[3])]
+            wn = weight_norms[i] if i < len(weight_norms) else None
+            t.add_row(txt(layer["name"], 400), str(tuple(layer["shape"])), *cells, _g(wn))
         if len(layers) > ROWS:
             t.add_row(f"... {len(layers) - ROWS} more in the file", "", "", "", "", "", "")
         console.print(t)
     for o in data.get("optimizers") or []:
-        if "steps" in o:
-            console.print(f"{o['class']} (lr {o.get('lr')}): {o['steps']} step(), {o['zero_grad_calls']} zero_grad() calls while measured")
+        if o.get("steps") is not None:
+            console.print(f"{txt(o['class'], 200)} (lr {txt(o.get('lr'), 40)}): {fmt(o['steps'], 'd')} step(), "
+                          f"{fmt(o.get('zero_grad_calls'), 'd')} zero_grad() calls while measured",
+                          highlight=False)
     if not (data.get("zeroing") or {}).get("observed"):
         console.print("[dim]zero_grad() calls are counted when measuring a method or -n > 1[/dim]")
     try:
@@ -66,11 +72,11 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
         findings = []
     for f in findings:
         colour = "red" if f.severity == "critical" else "yellow"
-        console.print(f"[{colour}]{f.severity}:[/{colour}] {f.title}")
+        console.print(f"[{colour}]{f.severity}:[/{colour}] {txt(f.title)}", highlight=False)
         if f.root_cause:
-            console.print(f"  cause: {f.root_cause}")
+            console.print(f"  cause: {txt(f.root_cause)}", highlight=False)
         for fix in f.fix[:2]:
-            console.print(f"  fix: {fix}")
+            console.print(f"  fix: {txt(fix)}", highlight=False)
     from flight_profiler.report.rules.eval_with_grad import unused_graphs
     from flight_profiler.report.units import fmt_bytes
 
@@ -86,22 +92,26 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
 
 
 def render_anomaly(data: dict[str, Any], console: Console) -> None:
-    console.print(f"ran {data.get('calls_recorded')} of {data.get('calls_requested')} call(s) of "
-                  f"{data.get('target')} under anomaly detection ({data.get('ops_checked', 0)} operators checked; "
-                  "call times " + ", ".join(f"{s:.3f} s" for s in data.get("call_seconds") or []) + ")")
+    console.print(f"ran {fmt(data.get('calls_recorded'), 'd')} of {fmt(data.get('calls_requested'), 'd')} "
+                  f"call(s) of {txt(data.get('target'))} under anomaly detection "
+                  f"({fmt(data.get('ops_checked', 0), 'd')} operators checked; call times "
+                  + ", ".join(f"{s:.3f} s" for s in data.get("call_seconds") or []) + ")",
+                  highlight=False)
     first = data.get("first")
     if first:
-        where = f"in backward ({first.get('backward_node')}, made by the forward call below)" \
+        where = f"in backward ({txt(first.get('backward_node'), 200)}, made by the forward call below)" \
             if first["phase"] == "backward" else "in forward"
-        console.print(f"[red]first non-finite value:[/red] {first['op']} {where}, call {first['call'] + 1}: "
-                      f"{first['nan']} NaN, {first['inf']} Inf in a {first['dtype']} {tuple(first['shape'])} output")
+        console.print(f"[red]first non-finite value:[/red] {txt(first['op'], 200)} {where}, call "
+                      f"{fmt(first['call'] + 1, 'd')}: {fmt(first['nan'], 'd')} NaN, {fmt(first['inf'], 'd')} "
+                      f"Inf in a {txt(first['dtype'], 40)} {tuple(first['shape'])} output", highlight=False)
         if not first.get("inputs_finite"):
             console.print("  [yellow]its inputs were already non-finite: they came from outside the autograd "
                           "ops seen (data, a parameter, a buffer)[/yellow]")
         for line in first.get("forward_stack") or ["(no Python frame of the program: called from torch internals)"]:
-            console.print(f"  {line}")
+            console.print(f"  {txt(line)}", highlight=False)
     elif data.get("note"):
-        console.print(data["note"])
+        console.print(txt(data["note"]), highlight=False)
     before, after = data.get("anomaly_before"), data.get("anomaly_after")
-    console.print(f"anomaly mode before: {before}; after: {after}"
-                  + ("; a call still running restores it when it returns" if data.get("restore_pending") else ""))
+    console.print(f"anomaly mode before: {txt(before, 200)}; after: {txt(after, 200)}"
+                  + ("; a call still running restores it when it returns" if data.get("restore_pending") else ""),
+                  highlight=False)

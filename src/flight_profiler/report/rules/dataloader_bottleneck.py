@@ -1,19 +1,24 @@
 """dataloader-bottleneck: the step waits for the DataLoader's next batch.
 
-Share = time in ``enumerate(DataLoader)#...__next__`` annotations inside ProfilerSteps / total
-step time (trace window without steps). torch-tb-profiler recommended more workers above 5 %.
+Share = time in ``enumerate(DataLoader)#...__next__`` annotations inside whole steps / the whole
+steps' time (report/steps.py; the trace window without steps). Only the part of a wait inside
+whole steps counts: a wait cut by the end of the profile window (the profiler stopped while the
+loop waited) is clipped, or, without steps, left out, and the finding says so. torch-tb-profiler
+recommended more workers above 5 %. The margin around that line widens to the per-step spread
+of the share (report/cost.py judge).
 
-From live evidence (``from_live``, used by diagnose): the method observed with watch takes less
-than half of its loop, and stack samples of its thread show where the rest goes (a DataLoader
-wait, a sleep, I/O); the fix starts from the loader's real settings (``settings_fix``).
+From live evidence (diagnose, report/live_loop.py): the DataLoader's next() calls timed without
+the profiler, over whole batch periods; the fix starts from the loader's real settings
+(``settings_fix``).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
-from flight_profiler.report.cost import cost_of, severity_for, window_of
+from flight_profiler.report.cost import Cost, cost_of, judge, window_of
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -27,23 +32,27 @@ def check(ctx: Context) -> list[Finding]:
         if not dl:
             continue
         pct = dl["pct_of_window"]
-        if pct < T.dataloader_warning_pct:
+        if pct < T.dataloader_min_pct:
             continue
         window, of = window_of(tr.data)
         idle = dl.get("gpu_idle_during_us")
+        spread = _spread(dl.get("per_step_pct") or [])
         if idle is None:  # CPU-only: the step does nothing else while it waits
-            cost = cost_of(dl["total_us"], window, of, "time waiting in DataLoader.__next__")
+            cost = cost_of(dl["total_us"], window, of, "time waiting in DataLoader.__next__",
+                           spread_pct=spread)
         else:
             cost = cost_of(idle, window, of,
                            "GPU idle while the step waits in DataLoader.__next__ (a wait the GPU "
-                           "does not notice costs nothing)")
-        out.append(Finding(
-            rule="dataloader-bottleneck", severity=severity_for(cost), cost=cost,
+                           "does not notice costs nothing)", spread_pct=spread)
+        severity, borderline = verdict(cost)
+        finding = Finding(
+            rule="dataloader-bottleneck", severity=severity, cost=cost,
             title=f"Waiting for the DataLoader takes {fmt_pct(pct)} of the step",
             summary=(f"{label(tr)}: {dl['calls']} next() calls, {fmt_us(dl['total_us'])} in total, "
                      f"{fmt_us(dl['mean_us'])} each, {fmt_pct(pct)} of the {tr.data['window_kind']} time."),
             evidence=[f"DataLoader __next__: {dl['calls']} calls, {fmt_us(dl['total_us'])}",
-                      f"{tr.data['window_kind']} time {fmt_us(tr.data['window_us'])}"],
+                      f"{tr.data['window_kind']} time {fmt_us(tr.data['window_us'])}",
+                      *_edges(dl), *_per_step(dl)],
             where=[f"{c['where']}: {c['count']} next() calls, {fmt_us(c['total_us'])}"
                    for c in dl.get("callers", [])[:3] if not c["where"].startswith("(")]
             + ["enumerate(DataLoader).__next__ (the training loop's `for batch in loader`)"],
@@ -55,20 +64,47 @@ def check(ctx: Context) -> list[Finding]:
             inputs=[tr.path],
             root_cause="Batches are produced more slowly than the model consumes them.",
             metrics={"pct_of_window": pct, "total_us": dl["total_us"], "calls": dl["calls"]},
-        ))
+        )
+        if borderline:
+            finding.mark_borderline(borderline)
+        out.append(finding)
     return out
 
 
 RULE = Rule("dataloader-bottleneck", "The step waits for input data", check)
 
 
-# -- from live evidence (diagnose): the method's share of its loop + the loaders' settings ----
-# The method must take less than this share of its loop before the rest is called a stall; the
-# sampled stacks must show the DataLoader wait for at least this share of the thread's time.
-IDLE_SHARE = 0.5
-LOADER_WAIT_SHARE = 0.3
+def verdict(cost: Cost) -> tuple[str, str]:
+    """Severity on this rule's own lines (a warning from T.dataloader_warning_pct), with the
+    stated margin; the borderline note goes into the evidence too."""
+    return judge(cost, warning_pct=T.dataloader_warning_pct)
+
+
+def _spread(per_step: list[float]) -> float:
+    """Two standard errors of the per-step shares (the margin the verdict is given with)."""
+    if len(per_step) < 3:
+        return 0.0
+    return 2.0 * statistics.stdev(per_step) / math.sqrt(len(per_step))
+
+
+def _edges(dl: dict[str, Any]) -> list[str]:
+    clipped, left = int(dl.get("clipped") or 0), int(dl.get("left_out") or 0)
+    if not clipped and not left:
+        return []
+    return [f"window edges: {clipped} wait(s) clipped to whole steps and {left} left out "
+            f"({fmt_us(float(dl.get('cut_us') or 0.0))} not counted): a wait cut by the start or "
+            "the end of the profile is no measurement of the loop"]
+
+
+def _per_step(dl: dict[str, Any]) -> list[str]:
+    shares = dl.get("per_step_pct") or []
+    if len(shares) < 2:
+        return []
+    return ["per step: " + ", ".join(f"{v:.1f}%" for v in shares[:12])]
+
+
+# -- the fix from the loader's real settings (diagnose's live evidence, report/live_loop.py) ----
 _BUSY_WORKER_CPU = 70.0  # a worker above this CPU % is producing batches flat out
-IDLE_WARNING_SHARE = 0.2  # idle-loop (not the DataLoader): a warning below this share
 IDLE_WORKER_CPU = 30.0  # slow workers below this CPU % are waiting inside __getitem__
 MAX_WAITING_WORKERS = 32
 
@@ -128,78 +164,3 @@ def settings_fix(loader: dict[str, Any], cost_ms: float | None = None,
         fix.append("`pin_memory=True` with `.to(device, non_blocking=True)` (currently "
                    "`pin_memory=False`).")
     return fix
-
-
-def _thread_of(threads: list[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
-    for t in threads:
-        if t.get("thread") == name:
-            return t
-    return next(iter(threads), None)
-
-
-def from_live(loop: dict[str, Any], threads: list[dict[str, Any]], loaders: list[dict[str, Any]],
-              method: str, cpus: int | None = None, cuda: bool = False,
-              inputs: list[str] | None = None) -> Finding | None:
-    """The method runs a small share of its loop: say where the rest goes, and the fix."""
-    share = float(loop.get("busy_share", 1.0))
-    if share >= IDLE_SHARE:
-        return None
-    thread = _thread_of(threads, loop.get("thread"))
-    shares = (thread or {}).get("shares") or {}
-    top = ((thread or {}).get("top") or [{}])[0]
-    period, cost = float(loop["period_ms"]), float(loop["cost_ms"])
-    evidence = [f"{method}: {loop['calls']} calls, median {cost:.2f} ms each, one every "
-                f"{period:.1f} ms: the method is {share:.0%} of its loop"]
-    if thread:
-        evidence.append(f"thread {thread['thread']!r} over {thread.get('samples')} stack samples: " +
-                        ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
-    waiting = float(shares.get("dataloader_wait", 0.0)) + float(shares.get("dataloader_load", 0.0))
-    loader = next((d for d in loaders if d.get("iterators")), loaders[0] if loaders else None)
-    if waiting >= LOADER_WAIT_SHARE and loader is not None:
-        ds = loader.get("dataset") or {}
-        evidence.append(
-            f"DataLoader over {ds.get('type')} (len {ds.get('length')}): batch_size="
-            f"{loader.get('batch_size')}, num_workers={loader.get('num_workers')}, pin_memory="
-            f"{loader.get('pin_memory')}, prefetch_factor={loader.get('prefetch_factor')}, "
-            f"persistent_workers={loader.get('persistent_workers')}")
-        for it in loader.get("iterators") or []:
-            ws = it.get("workers") or []
-            if ws:
-                evidence.append("workers: " + "; ".join(
-                    f"pid {w.get('pid')} {w.get('state')}"
-                    + (f" {w['cpu_percent']:.0f}% CPU" if isinstance(w.get("cpu_percent"), (int, float)) else "")
-                    for w in ws) + f"; {it.get('batches_in_flight')} batches in flight")
-        return Finding(
-            rule="dataloader-bottleneck", severity="critical" if share < 0.2 else "warning",
-            cost=cost_of((period - cost) * waiting * 1000.0, period * 1000.0, "loop time",
-                         "the loop's time between calls, times the share of stack samples "
-                         "waiting for the DataLoader"),
-            title=f"The loop waits for the DataLoader: {method} is only {share:.0%} of it",
-            summary=(f"Between two calls of {method} ({cost:.1f} ms) the loop spends "
-                     f"{period - cost:.0f} ms, {waiting:.0%} of its samples waiting in DataLoader "
-                     "__next__ for the next batch."),
-            evidence=evidence, where=[str(top.get("where", ""))] if top.get("where") else [],
-            fix=settings_fix(loader, cost, period, cpus, cuda),
-            inputs=list(inputs or []),
-            root_cause="Batches are produced more slowly than the model consumes them.",
-            metrics={"busy_share": share, "period_ms": period, "cost_ms": cost,
-                     "dataloader_wait_share": waiting},
-        )
-    category = str(top.get("category", "running"))
-    what = {"sleep": "sleeping", "io": "waiting for I/O", "wait": "waiting on a lock or queue",
-            "running": "running other code"}.get(category, category)
-    # Not the DataLoader: its own rule id. A warning only when the method is a sliver of its
-    # loop; a loop that sleeps a little between steps may do so on purpose.
-    return Finding(
-        rule="idle-loop", severity="warning" if share < IDLE_WARNING_SHARE else "info",
-        title=f"{method} is only {share:.0%} of its loop: the rest is spent {what}",
-        summary=(f"Between two calls of {method} ({cost:.1f} ms) the loop spends "
-                 f"{period - cost:.0f} ms; the sampled stacks put it at {top.get('where', '?')}."),
-        evidence=evidence, where=[str(top.get("where", ""))] if top.get("where") else [],
-        fix=[f"Look at {top.get('where', 'the loop')}: {what} between steps does no training. "
-             "Overlap it with the step (a background thread or a DataLoader with workers), or "
-             "remove it."],
-        inputs=list(inputs or []),
-        root_cause="The step is idle most of the time: the loop waits outside the method.",
-        metrics={"busy_share": share, "period_ms": period, "cost_ms": cost},
-    )

@@ -1,33 +1,38 @@
-"""eval-with-grad: evaluation/inference that runs with autograd on and never runs a backward.
+"""eval-with-grad: a forward that builds an autograd graph no backward ever uses (evaluation or
+inference with grad mode on).
 
-Evidence, from a profile: operators recorded with an autograd sequence number (the profiler
-records one for every op dispatched with grad mode on; ops under ``torch.no_grad()`` or
-``torch.inference_mode()`` have none), model-like compute among them (matmul, linear,
-convolution, attention...), and not one backward function in the same window. Each such op
-builds a graph node and keeps its inputs alive until the output is dropped.
+Evidence, from a profile with steps (report/steps.py): forward operators of a model (matmul,
+linear, convolution, lstm, attention ...) record an autograd sequence number when they build a
+graph node (ops under ``torch.no_grad()`` / ``torch.inference_mode()`` record none), and each
+backward function carries the number of the node it runs for. A node built in a whole step whose
+number no backward ran is a graph nobody used; judged over the whole steps (but the last: its
+graph may be used by the next step's backward), so that a training forward, whose backward runs
+after it returns, is never counted. That finds the evaluation pass of a training loop (the
+prediction after an LBFGS step without no_grad) as well as an inference service.
+
+Without steps (a window with no optimizer step, backward or marked call): the window must hold
+model operators recorded with grad on and not one backward function.
 
 Evidence, from `torch grads METHOD` (live, per call): every measured call ran with grad mode on,
-saved tensors for backward (activations, parameters not counted) and no backward read any of
-them during the call. That is the cost measured on the program's own calls: the bytes each call
-keeps alive for as long as its outputs live.
-
-Limit: grad mode on for ops whose inputs need no grad (pure data preprocessing) records
-sequence numbers too, without building anything; requiring model compute among them and
-several per step keeps that case out in practice, not in principle (hence a warning).
+saved tensors for backward and no backward read any of them during the call. Alone, that is
+evidence only where nothing trains: a forward's graph is used by the backward after it returns,
+so a training loop (an optimizer stepping meanwhile, or backward functions in the profile) makes
+it no evidence.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flight_profiler.report.models import Finding
+from flight_profiler.report import trace_loader
+from flight_profiler.report.models import Finding, InputResult
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
 from flight_profiler.report.units import fmt_bytes
 
-MODEL_OPS = ("linear", "addmm", "matmul", "aten::mm", "bmm", "conv", "embedding", "layer_norm",
-             "scaled_dot_product", "lstm", "gru", "rnn", "baddbmm", "einsum")
-
+MODEL_OPS = trace_loader.MODEL_OPS
+# Graph nodes built and never used, per judged step, from which a profile with steps is a finding.
+UNUSED_PER_STEP = 1.0
 
 def unused_graphs(doc: dict[str, Any]) -> dict[str, Any] | None:
     """From a `torch grads METHOD` document: calls that built graphs no backward used, or None."""
@@ -56,34 +61,83 @@ ROOT = ("The evaluation/inference code path is not wrapped in torch.no_grad() or
         "torch.inference_mode(), and the model's parameters require grad.")
 
 
+def _trains(doc: dict[str, Any]) -> bool:
+    """An optimizer stepped while `torch grads` measured: the method's graphs are used later."""
+    return any(int(o.get("steps") or 0) > 0 for o in doc.get("optimizers") or [])
+
+
+def _from_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[InputResult, dict[str, Any]]],
+                ) -> Finding | None:
+    unused = int(ag.get("unused_nodes") or 0)
+    if unused < T.eval_grad_min_ops or float(ag.get("unused_per_step") or 0.0) < UNUSED_PER_STEP:
+        return None
+    step = inp.data.get("step") or {}
+    places = ag.get("unused_where") or []
+    where = [f"{p['where']} ({p['share']:.0%} of them)" for p in places] or [str(label(inp))]
+    ops = ", ".join(f"{o['name']} x{o['calls']}" for o in ag.get("unused_ops") or [])
+    return Finding(
+        rule="eval-with-grad", severity="warning",
+        title="a forward pass runs with autograd on and no backward uses its graph",
+        summary=(f"{label(inp)}: over {ag['judged_steps']} whole steps ({step.get('name')}), "
+                 f"{unused} of the {ag['model_nodes']} graph nodes the model's operators built were "
+                 "used by no backward: that forward keeps its activations alive for a backward "
+                 "that never comes, and pays autograd's cost for nothing."),
+        evidence=[f"graph nodes built by model operators in {ag['judged_steps']} whole steps: "
+                  f"{ag['model_nodes']}, used by no backward: {unused} ({ag['unused_per_step']} per step)",
+                  f"operators whose nodes were never used: {ops}",
+                  f"the step: {step.get('how')}",
+                  *(_measured_line(u) for _, u in measured)],
+        where=where, root_cause=ROOT, fix=FIXES,
+        inputs=[inp.path, *(g.path for g, _ in measured)],
+        metrics={"forward_ops_recording": int(ag.get("forward_ops_recording") or 0),
+                 "unused_nodes": unused, "model_nodes": ag["model_nodes"],
+                 "backward_functions": int(ag.get("backward_functions") or 0),
+                 "measured": [u for _, u in measured]})
+
+
+def _without_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[InputResult, dict[str, Any]]],
+                   ) -> Finding | None:
+    recording = int(ag.get("forward_ops_recording") or 0)
+    if recording < T.eval_grad_min_ops or int(ag.get("backward_functions") or 0) > 0:
+        return None
+    if (inp.data.get("step") or {}).get("region"):
+        return None  # a method's calls alone: its backward may run after it returns
+    top = ag.get("top_recording_ops") or []
+    model_ops = [r for r in top if trace_loader.is_model_op(str(r.get("name", "")))]
+    if not model_ops:
+        return None
+    name = inp.data.get("trace_name") or label(inp)
+    return Finding(
+        rule="eval-with-grad", severity="warning",
+        title="inference runs with autograd on (graphs built, never used by a backward)",
+        summary=(f"{label(inp)}: {recording} operators ran with grad mode on and recorded autograd "
+                 "information, and no backward ran in the window: every forward builds a graph that "
+                 "keeps its activations alive until the outputs are dropped."),
+        evidence=[f"operators recorded with an autograd sequence number: {recording}",
+                  "backward functions (autograd::engine::evaluate_function): 0",
+                  "model compute among them: " + ", ".join(f"{r['name']} x{r['calls']}" for r in model_ops[:5]),
+                  *(_measured_line(u) for _, u in measured)],
+        where=[str(name)], root_cause=ROOT, fix=FIXES,
+        inputs=[inp.path, *(g.path for g, _ in measured)],
+        metrics={"forward_ops_recording": recording, "backward_functions": 0, "model_ops": model_ops,
+                 "measured": [u for _, u in measured]})
+
+
 def check(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     measured = [(g, u) for g in ctx.grads for u in [unused_graphs(g.data)] if u is not None]
+    training = any(_trains(g.data) for g in ctx.grads)
+    judged = False
     for inp in ctx.traces:
         ag = inp.data.get("autograd") or {}
-        recording = int(ag.get("forward_ops_recording") or 0)
-        if recording < T.eval_grad_min_ops or int(ag.get("backward_functions") or 0) > 0:
-            continue
-        top = ag.get("top_recording_ops") or []
-        model_ops = [r for r in top if any(k in str(r.get("name", "")).lower() for k in MODEL_OPS)]
-        if not model_ops:
-            continue
-        name = inp.data.get("trace_name") or label(inp)
-        out.append(Finding(
-            rule="eval-with-grad", severity="warning",
-            title="inference runs with autograd on (graphs built, never used by a backward)",
-            summary=(f"{label(inp)}: {recording} operators ran with grad mode on and recorded autograd "
-                     "information, and no backward ran in the window: every forward builds a graph that "
-                     "keeps its activations alive until the outputs are dropped."),
-            evidence=[f"operators recorded with an autograd sequence number: {recording}",
-                      "backward functions (autograd::engine::evaluate_function): 0",
-                      "model compute among them: " + ", ".join(f"{r['name']} x{r['calls']}" for r in model_ops[:5]),
-                      *(_measured_line(u) for _, u in measured)],
-            where=[str(name)], root_cause=ROOT, fix=FIXES,
-            inputs=[inp.path, *(g.path for g, _ in measured)],
-            metrics={"forward_ops_recording": recording, "backward_functions": 0, "model_ops": model_ops,
-                     "measured": [u for _, u in measured]}))
-    if not out:
+        found = _from_steps(inp, ag, measured) if "unused_nodes" in ag else None
+        judged = judged or "unused_nodes" in ag or int(ag.get("backward_functions") or 0) > 0
+        if found is None:  # a window with no backward at all: an inference loop
+            found = _without_steps(inp, ag, measured)
+        if found is not None:
+            out.append(found)
+    # The live calls alone: only where no profile saw graphs used and nothing trains.
+    if not out and not judged and not training:
         for g, u in measured:
             out.append(Finding(
                 rule="eval-with-grad", severity="warning",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flight_profiler.report import census_growth
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule
 from flight_profiler.report.thresholds import T
@@ -24,85 +25,174 @@ def _where(path: str, example: str) -> str:
     return f"{path} (e.g. {example})"
 
 
+def fix_for(var: str, scalar: bool) -> list[str]:
+    """Cut the chain where the state is carried over; a running sum of losses keeps numbers."""
+    detach = (f"Cut the chain where the state is carried over, at the start of each step/chunk: "
+              f"`{var} = {var}.detach()`; for an RNN/LSTM's (h, c), "
+              f"`{var} = repackage_hidden({var})` (detach every tensor of the tuple), i.e. "
+              "truncated BPTT, as pytorch/examples' word_language_model does.")
+    item = (f"For a running metric, accumulate a number: `{var} += loss.item()` (or "
+            "`loss.detach()`), not `+= loss`.")
+    return [item, detach] if scalar else [detach, item]
+
+
+def _variable(path: str) -> str:
+    """The variable a user would edit: ``train() local hidden[*]`` -> ``hidden``."""
+    tail = path.split(" local ", 1)[-1] if " local " in path else path.rsplit(".", 1)[-1]
+    return tail.split("[", 1)[0].split(".", 1)[0] or "h"
+
+
+def _thread(path: str) -> str:
+    return path.split(" local ", 1)[0].split(" ", 1)[0] if path.startswith("thread ") else "main"
+
+
+def _chains(series: list[Any]) -> list[tuple[census_growth.History, list[bool | None]]]:
+    """Holders of a few graph-carrying tensors whose graph reached the one they held at the
+    previous census (``chained``, proven by the census) at every interval it could be told; for
+    censuses that do not say, one whose graph grew at every census (the older test)."""
+    found = []
+    for h in census_growth.histories(series):
+        if any(r is None for r in h.rows):
+            continue  # not held at every census: not one carried chain
+        last = h.last
+        if int(last["count"]) > T.graph_chain_max_tensors or int(last["with_grad_fn"]) < 1:
+            continue
+        links = h.chained()
+        if any(link is False for link in links):
+            continue
+        if any(link is True for link in links):
+            found.append((h, links))
+            continue
+        graph = h.series("graph_bytes")
+        counts = h.series("with_grad_fn")
+        # A carried chain has a graph at every census, growing each time; a step's own
+        # local (`loss` inside train_step) has none between steps and a fresh one within.
+        if graph[0] <= 0 or not census_growth.growing(graph):
+            continue
+        if graph[-1] - graph[0] < T.graph_chain_min_growth_bytes or counts[-1] - counts[0] >= T.graph_growth_min_count:
+            continue
+        found.append((h, links))
+    # One carried state seen from several frames of one thread (the loop's `hidden` and a
+    # running forward's): the outermost frame's name is the one the user edits.
+    outermost: dict[str, int] = {}
+    for h, _ in found:
+        if h.root == "local":
+            depth = int(h.last.get("depth", 0) or 0)
+            key = _thread(h.path)
+            outermost[key] = min(outermost.get(key, depth), depth)
+    kept = []
+    for h, links in found:
+        if h.root == "local" and int(h.last.get("depth", 0) or 0) > outermost[_thread(h.path)]:
+            continue
+        if h.root == "return" and outermost:
+            continue  # the same state, already named by the local that receives it
+        kept.append((h, links))
+    return kept
+
+
 def check(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     for series in ctx.census_series:
-        hist: dict[str, list[dict[str, Any] | None]] = {}
-        for k, c in enumerate(series):
-            for h in c.data["holders"]:
-                hist.setdefault(h["path"], [None] * len(series))[k] = h
-        for path, maybe in hist.items():
-            points = [p for p in maybe if p is not None]
-            if len(points) != len(series):
-                continue  # not held at every census: not one carried chain
-            last = points[-1]
-            if int(last["count"]) > T.graph_chain_max_tensors or int(last["with_grad_fn"]) < 1:
-                continue
-            graph = [int(p["graph_bytes"]) for p in points]
-            counts = [int(p["with_grad_fn"]) for p in points]
-            # A carried chain has a graph at every census, growing each time; a step's own
-            # local (`loss` inside train_step) has none between steps and a fresh one within.
-            if graph[0] <= 0 or not all(b > a for a, b in zip(graph, graph[1:])):
-                continue
-            growth = graph[-1] - graph[0]
-            if growth < T.graph_chain_min_growth_bytes or counts[-1] - counts[0] >= T.graph_growth_min_count:
-                continue
+        for h, links in _chains(series):
+            path, last = h.path, h.last
+            graph = h.series("graph_bytes")
+            counts = h.series("with_grad_fn")
+            proven = sum(1 for link in links if link is True)
             span = (series[-1].data.get("time") or 0) - (series[0].data.get("time") or 0)
-            rate = f", {fmt_bytes(growth / span)}/s" if span > 0 else ""
+            growth = graph[-1] - graph[0]
+            rate = f", {fmt_bytes(growth / span)}/s" if span > 0 and growth > 0 else ""
             example = str(last.get("example", path))
+            scalar = int(last["bytes"]) <= 8 * max(1, int(last["count"]))
+            how = (f"its graph reached the one it held at the previous census at {proven} of "
+                   f"{len(links)} intervals" if proven else
+                   f"the graph behind it grew {fmt_bytes(graph[0])} -> {fmt_bytes(graph[-1])}")
             out.append(Finding(
-                rule="graph-chain", severity="critical" if len(series) >= 3 else "warning",
+                rule="graph-chain",
+                severity="critical" if proven >= 2 or (not proven and len(series) >= 3) else "warning",
                 title=f"{path} carries an autograd graph that grows at every step: .detach() it",
-                summary=(f"{path} holds {last['count']} tensor(s) with grad_fn, and the graph behind "
-                         f"them grew {fmt_bytes(graph[0])} -> {fmt_bytes(graph[-1])} across "
-                         f"{len(series)} censuses{rate}: each step's graph is chained to the previous one."),
-                evidence=[f"{c.name}: {p['count']} tensor(s), {p['with_grad_fn']} with grad_fn, "
-                          f"graph {fmt_bytes(int(p['graph_bytes']))}" for c, p in zip(series, points)],
+                summary=(f"{path} holds {last['count']} tensor(s) with grad_fn, and {how} across "
+                         f"{len(series)} censuses (graph kept alive {fmt_bytes(graph[0])} -> "
+                         f"{fmt_bytes(graph[-1])}{rate}): each step's graph is chained to the previous one."),
+                evidence=[f"{c.name}: {r['count']} tensor(s), {r['with_grad_fn']} with grad_fn, "
+                          f"graph {fmt_bytes(int(r['graph_bytes']))}"
+                          + (", its graph reaches the one held at the previous census"
+                             if k and r.get("chained") is True else "")
+                          for k, (c, r) in enumerate(zip(series, h.rows)) if r is not None],
                 where=[_where(path, example)],
                 root_cause=("State carried from one step to the next (RNN/LSTM hidden state, a running "
                             "sum of losses, a cache) keeps its grad_fn: the next step's graph hangs off the "
                             "previous one, so backward() would walk every step since the start and every "
-                            "saved activation stays in memory."),
-                fix=["Cut the chain where the state is carried over: `h = h.detach()` (LSTM: "
-                     "`h, c = h.detach(), c.detach()`) at the start of each chunk (truncated BPTT).",
-                     "For a running metric: `total += loss.item()` (or `loss.detach()`), not `total += loss`."],
+                            "saved activation stays in memory (`backward(retain_graph=True)` only silences "
+                            "the error that says so)."),
+                fix=fix_for(_variable(path), scalar),
                 inputs=[c.path for c in series],
-                metrics={"holder": path, "graph_bytes": graph, "with_grad_fn": counts, "growth_bytes": growth}))
+                metrics={"holder": path, "graph_bytes": graph, "with_grad_fn": counts,
+                         "growth_bytes": growth, "chained": links}))
     return out
 
 
+def _state(name: str) -> str:
+    """The carried state a name belongs to: (h, c) are one state, ``return[1]``'s two tensors too."""
+    if name.startswith("return"):
+        return name[:name.rindex("[")] if name.count("[") >= 2 else name
+    return name.split("[", 1)[0]
+
+
 def _from_calls(ctx: Context) -> list[Finding]:
-    """From `torch grads METHOD`: a tensor the method returns or keeps on ``self`` whose graph,
-    after every call, reaches the root the same tensor had after the previous call."""
+    """From `torch grads METHOD`: a tensor the method returns, keeps on ``self``, or that the
+    loop's frame holds (``train() local hidden``) whose graph, after every call, reaches the
+    root the same tensor had after the previous call. A loop's local that receives what the
+    previous call returned is the same state: it is named by the local, the variable to edit."""
     out: list[Finding] = []
     for g in ctx.grads:
         doc = g.data
         carried = [m.get("carried") for m in doc.get("measurements") or []]
         if len(carried) < 3 or any(not isinstance(c, dict) for c in carried):
             continue
-        named: set[str] = set()
-        for name in carried[-1]:
+        target = doc.get("target")
+        states: dict[str, list[str]] = {}
+        received: set[str] = set()
+        for name, info in carried[-1].items():
             links = [c.get(name, {}).get("chained") for c in carried[1:]]
-            if name.split("[")[0] in named or not links or not all(link is True for link in links):
+            if not links or not all(link is True for link in links):
                 continue
-            named.add(name.split("[")[0])  # one finding for (h, c): the same state
-            holder = f"{doc.get('target')}: {name}"
-            what = "returns" if name.startswith("return") else "keeps on self"
-            var = "h" if name.startswith("return") else name.split("[")[0]
+            states.setdefault(_state(name), []).append(name)
+            source = info.get("from") if isinstance(info, dict) else None
+            if isinstance(source, str) and _state(source) != _state(name):
+                received.add(_state(source))
+        for state, names in states.items():
+            if state in received:
+                continue  # what a loop's local holds now: named there
+            name = names[0]
+            info = carried[-1][name]
+            links = [c.get(name, {}).get("chained") for c in carried[1:]]
+            local = " local " in name or not (name.startswith(("return", "self.")))
+            holder = state if local else f"{target}: {name}"
+            source = info.get("from")
+            if local and isinstance(source, str):
+                what = f"holds what {target} returns ({source}), and its graph"
+            elif local:
+                what = f"is a tensor the loop keeps beside {target}, and its graph"
+            else:
+                what = f"is what {target} {'returns' if name.startswith('return') else 'keeps on self'}, and its graph"
+            var = _variable(state) if local else ("hidden" if name.startswith("return") else state.split(".", 1)[-1])
+            if not local and not name.startswith("return"):
+                var = f"self.{var}"
             out.append(Finding(
                 rule="graph-chain", severity="critical",
                 title=f"{holder} carries an autograd graph that grows at every call: .detach() it",
-                summary=(f"After each of {len(carried)} calls, the graph behind the tensor {doc.get('target')} "
-                         f"{what} ({name}) reached the one it had after the previous call: each call's graph "
-                         "hangs off the previous one, so it grows for as long as the program runs."),
+                summary=(f"{name} {what}, after each of {len(carried)} calls, reached the one it had "
+                         "after the previous call: each call's graph hangs off the previous one, so it "
+                         "grows for as long as the program runs."),
                 evidence=[f"call {k + 2}: the graph of {name} reaches the previous call's root "
-                          f"({c[name].get('walked')} nodes looked at)" for k, c in enumerate(carried[1:])],
-                where=[holder],
+                          f"({c[name].get('walked')} nodes looked at)" for k, c in enumerate(carried[1:])]
+                + [f"also chained: {', '.join(names[1:])}"] * (len(names) > 1),
+                where=[holder if not local else f"{holder} (beside {target})"],
                 root_cause=("State carried from one call to the next keeps its grad_fn: the next call's "
                             "graph hangs off it, so memory (every saved activation) grows for as long as "
-                            "the program runs, and a backward would walk all of it."),
-                fix=[f"Detach where the state is carried over, before the next call: `{var} = {var}.detach()` "
-                     "(an LSTM's (h, c): detach both), i.e. truncated BPTT.",
+                            "the program runs, and a backward would walk all of it "
+                            "(`backward(retain_graph=True)` only silences the error that says so)."),
+                fix=[*fix_for(var, bool(info.get("scalar"))),
                      "If no backward is needed at all, run the calls under `torch.inference_mode()`."],
                 inputs=[g.path], metrics={"holder": holder, "links": links}))
     return out

@@ -1,8 +1,11 @@
 """graph-retention: tensors that carry an autograd graph (grad_fn) kept alive across steps.
 
 ``losses.append(loss)`` keeps every step's whole backward graph (activations included) alive.
-From several censuses: holders whose grad_fn tensors (or graph bytes) keep growing. From one
-census: a container holding many grad_fn tensors (a warning: it is the usual shape of the bug).
+From several censuses: holders whose grad_fn tensors (or graph bytes) grow at every census and
+accumulate (census_growth.py: three censuses or more, not capped, still holding what they held,
+a running function's local seen to outlive its call). From one census: a container holding many
+grad_fn tensors (a warning: it is the usual shape of the bug), unless it is a running function's
+local not seen to survive (a forward's per-timestep outputs) or the method's own return value.
 Holders are judged per container (per-key paths such as ``cache['req-886']`` fold into
 ``cache[*]``). Tensors bigger than scalars kept with graphs are model outputs: inference run with
 autograd on, fixed with ``torch.inference_mode()`` / ``torch.no_grad()``.
@@ -10,9 +13,9 @@ autograd on, fixed with ``torch.inference_mode()`` / ``torch.no_grad()``.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from flight_profiler.report import census_growth
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule
 from flight_profiler.report.thresholds import T
@@ -22,24 +25,7 @@ CONTAINERS = ("list", "dict", "deque", "set", "tuple", "OrderedDict", "defaultdi
 # A tensor bigger than this (bytes per tensor on average) is an output or an activation, not a
 # scalar loss: the fix is to produce it without a graph, not to store .item().
 OUTPUT_MIN_BYTES = 64
-# Keys that hold digits are per-request/per-step keys: censuses written before the census folded
-# them are folded here, so growth is judged per container.
-_KEYED = re.compile(r"\['[^'\]]*\d[^'\]]*'\]|\[\d+\]")
-_SUM = ("count", "bytes", "with_grad_fn", "graph_bytes")
-
-
-def fold_holders(holders: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Holders with per-key paths (``cache['req-886']``) merged into their container's row."""
-    out: dict[str, dict[str, Any]] = {}
-    for h in holders:
-        path = _KEYED.sub("[*]", str(h.get("path", "")))
-        row = out.get(path)
-        if row is None:
-            out[path] = {**h, "path": path}
-            continue
-        for k in _SUM:
-            row[k] = int(row.get(k, 0) or 0) + int(h.get(k, 0) or 0)
-    return list(out.values())
+fold_holders = census_growth.fold_holders  # where memory_leak and older callers find it
 
 
 def _is_outputs(h: dict[str, Any]) -> bool:
@@ -78,68 +64,96 @@ def check(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     named: set[str] = set()
     for series in ctx.census_series:
-        folded = [fold_holders(c.data["holders"]) for c in series]
-        first = {h["path"]: h for h in folded[0]}
-        per_path = {h["path"]: [h] for h in folded[0]}
-        for rows in folded[1:]:
-            for h in rows:
-                per_path.setdefault(h["path"], []).append(h)
-        for h in folded[-1]:
-            hist = per_path.get(h["path"], [h])
-            before = first.get(h["path"], {"with_grad_fn": 0, "graph_bytes": 0, "count": 0})
-            grads = [x["with_grad_fn"] for x in hist]
-            more = h["with_grad_fn"] - before["with_grad_fn"]
-            # Many more graph-carrying tensors, or a few that keep a lot of graph alive.
-            grows = (more >= T.graph_growth_min_count
-                     or (more >= 1 and h["graph_bytes"] - before["graph_bytes"] >= T.growth_min_bytes)) \
-                and all(b >= a for a, b in zip(grads, grads[1:]))
-            if not grows or h["with_grad_fn"] == 0:
-                continue
-            gb = h["graph_bytes"] - before["graph_bytes"]
-            sev = "critical" if len(series) >= 3 or gb >= T.growth_min_bytes else "warning"
-            named.add(h["path"])
-            out.append(Finding(
-                rule="graph-retention", severity=sev,
-                title=f"{h['path']} keeps tensors with autograd graphs, more at every census",
-                summary=(f"{h['path']} ({h['kind']}) held {before['with_grad_fn']} -> "
-                         f"{h['with_grad_fn']} tensors with grad_fn across {len(series)} censuses; "
-                         f"graph memory kept alive {fmt_bytes(before['graph_bytes'])} -> "
-                         f"{fmt_bytes(h['graph_bytes'])}."),
-                evidence=[f"{c.name}: " + next((f"{x['count']} tensors, {x['with_grad_fn']} with "
-                                                f"grad_fn, {fmt_bytes(x['bytes'])} + graph "
-                                                f"{fmt_bytes(x['graph_bytes'])}"
-                                                for x in rows if x["path"] == h["path"]),
-                                               "not present") for c, rows in zip(series, folded)],
-                where=[_where(h)], fix=_fix({**h, "graph_bytes": gb}),
-                inputs=[c.path for c in series],
-                root_cause=("Each stored tensor references its grad_fn, which references the "
-                            "activations saved for backward: the whole graph of every step stays "
-                            "in memory."),
-                metrics={"holder": h["path"], "with_grad_fn": grads,
-                         "graph_bytes": [x["graph_bytes"] for x in hist]},
-            ))
+        out += _growth(series, named)
     for c in ctx.censuses:
-        for h in fold_holders(c.data["holders"]):
-            if h["path"] in named or h["kind"] not in CONTAINERS:
-                continue
-            if h["with_grad_fn"] < T.graph_holder_min_count:
-                continue
-            named.add(h["path"])
-            out.append(Finding(
-                rule="graph-retention", severity="warning",
-                title=f"{h['path']} holds {h['with_grad_fn']} tensors that carry autograd graphs",
-                summary=(f"{c.name}: the {h['kind']} {h['path']} holds {h['count']} tensors, "
-                         f"{h['with_grad_fn']} of them with grad_fn ({fmt_bytes(h['bytes'])} of "
-                         f"data, {fmt_bytes(h['graph_bytes'])} kept alive by their graphs)."),
-                evidence=[f"holder {h['path']}: count {h['count']}, with_grad_fn {h['with_grad_fn']}, "
-                          f"graph_bytes {h['graph_bytes']}",
-                          "A second census later shows whether it grows (then it is a leak)."],
-                where=[_where(h)], fix=_fix(h),
-                inputs=[c.path],
-                root_cause="A container accumulates tensors that still reference their graphs.",
-                metrics={"holder": h["path"], "with_grad_fn": h["with_grad_fn"],
-                         "graph_bytes": h["graph_bytes"]},
-            ))
+        out += _one_census(c, named)
+    return out
+
+
+def _growth(series: list[Any], named: set[str]) -> list[Finding]:
+    """Holders whose graph-carrying tensors grow at every census and accumulate
+    (census_growth.py); a pair of censuses gives an info finding only."""
+    out: list[Finding] = []
+    few = len(series) < census_growth.MIN_POINTS
+    for h in census_growth.histories(series):
+        if h.rows[-1] is None or int(h.last["with_grad_fn"]) == 0:
+            continue
+        grads = h.series("with_grad_fn")
+        graph = h.series("graph_bytes")
+        more = grads[-1] - grads[0]
+        # Many more graph-carrying tensors, or a few that keep a lot of graph alive.
+        big = more >= T.graph_growth_min_count or (more >= 1 and graph[-1] - graph[0] >= T.growth_min_bytes)
+        if not big or not census_growth.growing(grads) or census_growth.why_not_accumulating(h):
+            continue
+        last = h.last
+        first = h.rows[0] or {"with_grad_fn": 0, "graph_bytes": 0}
+        gb = graph[-1] - graph[0]
+        named.add(h.path)
+        out.append(Finding(
+            rule="graph-retention", severity="info" if few else "critical",
+            title=(f"{h.path} keeps more tensors with autograd graphs: "
+                   + ("a third census tells whether it goes on" if few else "more at every census")),
+            summary=(f"{h.path} ({last['kind']}) held {first['with_grad_fn']} -> "
+                     f"{last['with_grad_fn']} tensors with grad_fn across {len(series)} censuses; "
+                     f"graph memory kept alive {fmt_bytes(graph[0])} -> {fmt_bytes(graph[-1])}."),
+            evidence=[f"{c.name}: " + (f"{r['count']} tensors, {r['with_grad_fn']} with grad_fn, "
+                                       f"{fmt_bytes(r['bytes'])} + graph {fmt_bytes(r['graph_bytes'])}"
+                                       + _kept_text(r) if r is not None else "not present")
+                      for c, r in zip(series, h.rows)]
+            + ([census_growth_pair_note()] if few else []),
+            where=[_where(last)], fix=_fix({**last, "graph_bytes": gb}),
+            inputs=[c.path for c in series],
+            root_cause=("Each stored tensor references its grad_fn, which references the "
+                        "activations saved for backward: the whole graph of every step stays "
+                        "in memory."),
+            metrics={"holder": h.path, "with_grad_fn": grads, "graph_bytes": graph},
+        ))
+    return out
+
+
+def census_growth_pair_note() -> str:
+    return ("Two censuses cannot tell a container that keeps growing from one caught at two "
+            "moments of a step: a third census tells.")
+
+
+def _kept_text(r: dict[str, Any]) -> str:
+    if "kept" in r and r.get("sampled"):
+        return f" ({r['kept']} of {r['sampled']} tensors seen at the previous census still held)"
+    return ""
+
+
+def _one_census(c: Any, named: set[str]) -> list[Finding]:
+    """One census: a container holding many graph-carrying tensors (the usual shape of the bug),
+    unless it is a running function's local not seen to outlive its call (a forward's list of
+    per-timestep outputs) or the value the method had just returned."""
+    out: list[Finding] = []
+    tracked = bool(c.data.get("census_id"))
+    for h in fold_holders(c.data["holders"]):
+        if h["path"] in named or h["kind"] not in CONTAINERS:
+            continue
+        if h["with_grad_fn"] < T.graph_holder_min_count:
+            continue
+        root = census_growth.root_of(h)
+        if root == "return" or (root == "local" and tracked and census_growth.kept_alive(h) is not True):
+            continue
+        capped = h.get("cap") is not None and int(h.get("length", 0) or 0) <= int(h["cap"])
+        named.add(h["path"])
+        out.append(Finding(
+            rule="graph-retention", severity="info" if capped else "warning",
+            title=f"{h['path']} holds {h['with_grad_fn']} tensors that carry autograd graphs",
+            summary=(f"{c.name}: the {h['kind']} {h['path']} holds {h['count']} tensors, "
+                     f"{h['with_grad_fn']} of them with grad_fn ({fmt_bytes(h['bytes'])} of "
+                     f"data, {fmt_bytes(h['graph_bytes'])} kept alive by their graphs)"
+                     + (f"; it is capped at {h['cap']} entries, so this is bounded." if capped else ".")),
+            evidence=[f"holder {h['path']}: count {h['count']}, with_grad_fn {h['with_grad_fn']}, "
+                      f"graph_bytes {h['graph_bytes']}" + _kept_text(h),
+                      "A second census later shows whether it grows (then it is a leak)."],
+            where=[_where(h)], fix=_fix(h),
+            inputs=[c.path],
+            root_cause="A container accumulates tensors that still reference their graphs.",
+            metrics={"holder": h["path"], "with_grad_fn": h["with_grad_fn"],
+                     "graph_bytes": h["graph_bytes"]},
+        ))
     return out
 
 

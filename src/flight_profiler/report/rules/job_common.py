@@ -1,5 +1,5 @@
 """What the job rules (job_hang, job_straggler, job_imbalance) share: their thresholds (documented
-in docs/report-rules.md) and how an input is tied to a rank."""
+in docs/ranks.md) and how an input is tied to a rank."""
 
 from __future__ import annotations
 
@@ -18,9 +18,28 @@ class JobThresholds:
     # job-hang: stack samples needed before a rank counts as stuck (same stack every time).
     hang_min_samples: int = 2
     # ... and a waiting rank's thread woke up fewer times than this between its first and last
-    # sample (1 s apart): measured 0 on a hung gloo rank, ~280 a second on a moving one.
-    hang_moving_wakeups: int = 20
-    # job-straggler: a rank's compute share of its window against the median of the others'.
+    # sample (1 s apart): measured 0 on a hung gloo rank and on a DDP rank blocked in backward;
+    # a moving one wakes up at least once a step (~280 a second on a 4 ms step, ~20 on 50 ms).
+    hang_moving_wakeups: int = 5
+    # ... and used no more CPU than this (clock ticks, 10 ms each) meanwhile: a blocked thread
+    # uses none; a backward that computes, or a loop, uses some every step.
+    hang_moving_cpu_ticks: int = 2
+    # job-straggler: the others wait for a rank in their collectives at least this many points
+    # of their window more than it does (the median of the others' wait share minus its own) ...
+    straggler_wait_gap_pct: float = 20.0
+    # ... and its own work (its window minus its waits) is at least this many times theirs.
+    straggler_own_ratio: float = 1.3
+    # Computing longer counts as more work when the rank runs at least this many more operators
+    # per step than the others (and this % more); the same operators running longer is said as
+    # "slower" at info (a busy host does that: measured on this shared 2-core machine, healthy
+    # ranks' steps differed by up to 2x, the planted extra metric added ~12 operators a step).
+    straggler_extra_ops: float = 3.0
+    straggler_extra_ops_pct: float = 5.0
+    # Without traces: Flight Recorder names the rank that enqueued most collectives last when
+    # its median lag behind the first rank is at least this (microseconds).
+    straggler_fr_lag_us: float = 2000.0
+    # Traces without the waits measured (no Python frames, no collective span): a rank's compute
+    # share of its window against the median of the others'.
     straggler_ratio: float = 1.5
     # ... and from this ratio on, without the others' longer wait (gloo spans include transfers)
     straggler_clear_ratio: float = 2.5

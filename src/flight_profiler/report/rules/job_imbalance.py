@@ -5,19 +5,19 @@ the peaks of the traces' ``[memory]`` events (traces taken with profile_memory);
 above the median of all ranks by ``memory_imbalance_pct`` and ``memory_imbalance_min_bytes``
 is flagged (it OOMs first, and every rank must fit the biggest). Step time: mean ProfilerStep
 duration per rank from traces; flagged when the spread exceeds ``step_imbalance_pct`` of the
-median and ``step_noise_sigmas`` pooled standard deviations of the steps themselves.
+median and ``step_noise_sigmas`` pooled standard deviations of the steps themselves, and only
+when no straggler explains them (one job verdict: job_verdict.py); in a synchronous job the
+slowest-step rank is blamed only if it is also the one that waits least.
 """
 
 from __future__ import annotations
-
-import statistics
-from typing import Any
 
 from flight_profiler.rank_list import format_ranks
 from flight_profiler.report.models import Finding, InputResult
 from flight_profiler.report.rules import Context, Rule
 from flight_profiler.report.rules.job_common import JT, by_rank, median
-from flight_profiler.report.units import fmt_bytes, fmt_pct, fmt_us
+from flight_profiler.report.rules.job_verdict import judge
+from flight_profiler.report.units import fmt_bytes, fmt_pct
 
 
 def _latest(inputs: list[InputResult]) -> InputResult:
@@ -89,46 +89,8 @@ def _memory(snapshots: list[InputResult], traces: list[InputResult]) -> list[Fin
     return out
 
 
-def _steps(traces: list[InputResult]) -> list[Finding]:
-    per: dict[int, list[float]] = {}
-    for r, inputs in by_rank(traces).items():
-        durs = [float(x) for i in inputs for x in (i.data.get("steps") or {}).get("durations_us", [])]
-        if len(durs) >= 2:
-            per[r] = durs
-    if len(per) < 2:
-        return []
-    means = {r: statistics.fmean(d) for r, d in per.items()}
-    mid = median(list(means.values()))
-    spread = max(means.values()) - min(means.values())
-    pooled = statistics.fmean([statistics.pstdev(d) for d in per.values()])
-    if mid <= 0 or 100.0 * spread / mid < JT.step_imbalance_pct or spread <= JT.step_noise_sigmas * pooled:
-        return []
-    slow = max(means, key=means.__getitem__)
-    fast = min(means, key=means.__getitem__)
-    metrics: dict[str, Any] = {"median_step_us": round(mid, 3), "spread_us": round(spread, 3),
-                               "pooled_stdev_us": round(pooled, 3),
-                               "per_rank_mean_us": {str(r): round(m, 3) for r, m in means.items()}}
-    return [Finding(
-        rule="job-imbalance", severity="warning",
-        title=f"Step time differs across ranks by {fmt_pct(100.0 * spread / mid)} "
-              f"(rank {slow} slowest, rank {fast} fastest)",
-        summary=(f"Mean step: rank {slow} {fmt_us(means[slow])}, rank {fast} {fmt_us(means[fast])}, "
-                 f"median {fmt_us(mid)}; the steps of one rank vary by {fmt_us(pooled)} (stdev), "
-                 "so the difference is not noise."),
-        evidence=[f"rank {r}: mean step {fmt_us(m)} over {len(per[r])} steps"
-                  for r, m in sorted(means.items())][:64],
-        where=[f"rank {slow}"],
-        fix=["Ranks whose steps were traced at different moments compare badly: profile the same "
-             "steps on every rank (`--all-ranks --cmd \"torch profile ... --schedule\"`).",
-             "Otherwise see job-straggler for the rank that computes longer."],
-        root_cause="Ranks do unequal work per step.",
-        inputs=[p for r in (slow, fast) for p in (i.path for i in by_rank(traces)[r])],
-        ranks=[slow], metrics=metrics,
-    )]
-
-
 def check(ctx: Context) -> list[Finding]:
-    return _memory(ctx.snapshots, ctx.traces) + _steps(ctx.traces)
+    return _memory(ctx.snapshots, ctx.traces) + [f for f in judge(ctx) if f.rule == "job-imbalance"]
 
 
 RULE = Rule("job-imbalance", "Memory or step time differs across ranks", check)

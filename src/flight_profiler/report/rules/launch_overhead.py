@@ -3,10 +3,15 @@
 GPU: >= 200 kernels, >= 50 % of them shorter than 10 us, and the GPU idle >= 15 % of the time
 or the CPU spending longer in cudaLaunchKernel than the GPU in kernels (launch-bound).
 CPU-only: >= 500 operator calls, >= 50 % of them under 10 us of self time, together >= 10 % of
-the step time, or >= 40 % of all operator self time and >= 5 % of the step time; a warning
-only from 20 % of the step time or 60 % of operator self time, or with >= 500 operator calls per
-step >= 80 % of them tiny (below: info, borderline), since on a busy machine the time shares swing
-between runs while the counts do not.
+the step time, or >= 40 % of all operator self time and >= 5 % of the step time. Its severity
+follows what the fix recovers: operators the program's own loop issues one by one from Python,
+each under 10 us in all (a loop over slices: vectorising it removes them), from 10 % of the step
+time; tiny operators that run inside library operators (an LSTM cell's gates, a linear layer's
+transpose) and inside autograd's backward are the eager-mode cost of the model's structure,
+which no rewrite of the program's loop removes: info, with torch.compile as the option
+(docs/report-rules.md, "launch-overhead on CPU"). Figures without that split (an older report's
+metrics): a warning only from 20 % of the step time or 60 % of operator self time, or with
+>= 500 operator calls per step >= 80 % of them tiny (below: info, borderline).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from flight_profiler.report.cost import cost_of, severity_for, window_of
-from flight_profiler.report.models import Finding
+from flight_profiler.report.models import Finding, InputResult
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
 from flight_profiler.report.units import fmt_pct, fmt_us
@@ -39,6 +44,10 @@ CPU_WARNING_WINDOW_PCT = 20.0
 # with the load. The tiny-ops sample issues ~1140 per step (92 % tiny; 16 % of the window and
 # 34 % of operator time under diagnose on a loaded machine); small healthy loops 60-110.
 CPU_WARNING_OPS_PCT = 60.0
+# Operators the program's own lines issue one by one per step, each under 10 us: the tiny-ops
+# sample issues ~260 (64 time steps x 4 ops on a 32-element column), healthy loops fewer than
+# 20, an LSTMCell loop none (its operators come from inside nn.LSTMCell).
+PYTHON_TINY_PER_STEP = 200
 CPU_WARNING_OPS_PER_STEP = 500
 CPU_WARNING_TINY_CALLS_PCT = 80.0
 
@@ -85,48 +94,114 @@ def check(ctx: Context) -> list[Finding]:
         ops = d.get("operators")
         if d.get("has_gpu") or not ops:
             continue
-        if (ops["calls"] >= T.min_ops and ops["tiny_calls_pct"] >= T.tiny_op_share_pct
-                and (ops["tiny_self_pct_of_window"] >= T.tiny_op_window_pct
-                     or (ops.get("tiny_self_pct_of_ops", 0.0) >= T.tiny_op_self_share_pct
-                         and ops["tiny_self_pct_of_window"] >= T.tiny_op_window_floor_pct))):
-            top = sorted(d.get("top_operators", []), key=lambda x: -x["calls"])[:3]
-            per_step = ops.get("per_step") or 0
-            # Counts do not change with the machine's load; time shares do.
-            many = per_step >= CPU_WARNING_OPS_PER_STEP and ops["tiny_calls_pct"] >= CPU_WARNING_TINY_CALLS_PCT
-            clear = (ops["tiny_self_pct_of_window"] >= CPU_WARNING_WINDOW_PCT
-                     or ops.get("tiny_self_pct_of_ops", 0.0) >= CPU_WARNING_OPS_PCT or many)
-            window, of = window_of(d)
-            cost = cost_of(ops["tiny_self_us"], window, of,
-                           f"self time of operators under {T.tiny_op_us:.0f} us (dispatch-bound; "
-                           "an upper bound of what fusing them recovers)")
-            # Severity follows the cost, but a borderline pattern (a share that swings with the
-            # machine's load) is at most info.
-            out.append(Finding(
-                rule="launch-overhead", severity=severity_for(cost) if clear else "info", cost=cost,
-                title=(f"{ops['calls']} operator calls, {fmt_pct(ops['tiny_calls_pct'])} of them tiny"
-                       + ("" if clear else " (borderline)")),
-                summary=(f"{label(tr)}: {ops['tiny_calls']} operator calls under {T.tiny_op_us:.0f} us of "
-                         f"self time take {fmt_pct(ops['tiny_self_pct_of_window'])} of the "
-                         f"{d['window_kind']} time and {fmt_pct(ops.get('tiny_self_pct_of_ops', 0.0))} "
-                         "of all operator self time"
-                         + (f" ({ops['per_step']} calls per step)" if ops.get("per_step") else "") + "."),
-                evidence=[f"operator calls {ops['calls']}, distinct {ops['distinct']}",
-                          f"tiny calls {ops['tiny_calls']} ({fmt_pct(ops['tiny_calls_pct'])}), self time "
-                          f"{fmt_us(ops['tiny_self_us'])}"]
-                + ([] if clear else [
-                    f"tiny operators take {fmt_pct(ops['tiny_self_pct_of_window'])} of the window and "
-                    f"{fmt_pct(ops.get('tiny_self_pct_of_ops', 0.0))} of operator time, under the "
-                    f"{CPU_WARNING_WINDOW_PCT:.0f} % / {CPU_WARNING_OPS_PCT:.0f} % of a warning: on a "
-                    "busy machine these shares swing from run to run; profile again before acting"]),
-                where=_callers(ops.get("tiny_callers", []), "tiny ops")
-                + [f"{x['name']}: {x['calls']} calls, mean self {fmt_us(x['mean_self_us'])}" for x in top],
-                fix=FIX[:2], inputs=[tr.path],
-                root_cause="Per-operator dispatch overhead dominates: each op does very little work.",
-                metrics={"calls": ops["calls"], "tiny_calls_pct": ops["tiny_calls_pct"],
-                         "tiny_self_pct_of_window": ops["tiny_self_pct_of_window"],
-                         "tiny_self_pct_of_ops": ops.get("tiny_self_pct_of_ops", 0.0)},
-            ))
+        found = _cpu(tr, ops)
+        if found is not None:
+            out.append(found)
     return out
 
 
 RULE = Rule("launch-overhead", "Many tiny kernels or operators", check)
+
+
+def _detected(ops: dict[str, Any]) -> bool:
+    return bool(ops["calls"] >= T.min_ops and ops["tiny_calls_pct"] >= T.tiny_op_share_pct
+            and (ops["tiny_self_pct_of_window"] >= T.tiny_op_window_pct
+                 or (ops.get("tiny_self_pct_of_ops", 0.0) >= T.tiny_op_self_share_pct
+                     and ops["tiny_self_pct_of_window"] >= T.tiny_op_window_floor_pct)))
+
+
+def _cpu(tr: InputResult, ops: dict[str, Any]) -> Finding | None:
+    """CPU-only: many tiny operators. A warning only for the ones the program's own loop issues
+    one by one from Python (what rewriting that loop removes); tiny operators inside library
+    operators and autograd's backward are the eager-mode cost of the model's structure (info)."""
+    d = tr.data
+    steps = float(d.get("steps", {}).get("count") or 0)
+    per_step = float(ops.get("from_python_tiny_calls") or 0) / steps if steps else 0.0
+    # Counts do not move with the machine's load; time shares do (a loaded machine slows the
+    # operators past the 10 us line and the step with them).
+    many = per_step >= PYTHON_TINY_PER_STEP
+    if not _detected(ops) and not many:
+        return None
+    top = sorted(d.get("top_operators", []), key=lambda x: -x["calls"])[:3]
+    window, of = window_of(d)
+    where = (_callers(ops.get("tiny_callers", []), "tiny ops")
+             + [f"{x['name']}: {x['calls']} calls, mean self {fmt_us(x['mean_self_us'])}" for x in top])
+    summary = (f"{label(tr)}: {ops['tiny_calls']} operator calls under {T.tiny_op_us:.0f} us of "
+               f"self time take {fmt_pct(ops['tiny_self_pct_of_window'])} of the "
+               f"{d['window_kind']} time and {fmt_pct(ops.get('tiny_self_pct_of_ops', 0.0))} "
+               "of all operator self time"
+               + (f" ({ops['per_step']} calls per step)" if ops.get("per_step") else "") + ".")
+    evidence = [f"operator calls {ops['calls']}, distinct {ops['distinct']}",
+                f"tiny calls {ops['tiny_calls']} ({fmt_pct(ops['tiny_calls_pct'])}), self time "
+                f"{fmt_us(ops['tiny_self_us'])}"]
+    metrics = {"calls": ops["calls"], "tiny_calls_pct": ops["tiny_calls_pct"],
+               "tiny_self_pct_of_window": ops["tiny_self_pct_of_window"],
+               "tiny_self_pct_of_ops": ops.get("tiny_self_pct_of_ops", 0.0)}
+    if "from_python_tiny_pct_of_window" not in ops:
+        return _cpu_by_shares(tr, ops, window, of, summary, evidence, where, metrics)
+    python_pct = float(ops["from_python_tiny_pct_of_window"])
+    evidence.append(f"issued one by one from Python, each under {T.tiny_op_us:.0f} us in all: "
+                    f"{ops['from_python_tiny_calls']} calls, {fmt_pct(python_pct)} of the "
+                    f"{d['window_kind']} time")
+    metrics["from_python_tiny_pct_of_window"] = python_pct
+    if python_pct >= T.tiny_op_window_pct or many:
+        cost = cost_of(float(ops["from_python_tiny_us"]), window, of,
+                       f"time of operators issued one by one from Python, each under "
+                       f"{T.tiny_op_us:.0f} us (an upper bound of what vectorising the loop recovers)")
+        severity = severity_for(cost)
+        if many and severity == "info":
+            severity = "warning"
+            evidence.append(f"{per_step:.0f} such calls per step: a loop of the program's own "
+                            f"(from {PYTHON_TINY_PER_STEP} a step a warning whatever the time "
+                            "share, which a loaded machine moves)")
+        return Finding(
+            rule="launch-overhead", severity=severity, cost=cost,
+            title=(f"{ops['from_python_tiny_calls']} tiny operators issued one by one from Python "
+                   f"({fmt_pct(python_pct)} of the {d['window_kind']} time)"),
+            summary=summary, evidence=evidence, where=where, fix=FIX[:2], inputs=[tr.path],
+            root_cause=("A Python loop issues operators that each do almost nothing: dispatch "
+                        "overhead dominates."),
+            metrics=metrics)
+    cost = cost_of(ops["tiny_self_us"], window, of,
+                   f"self time of operators under {T.tiny_op_us:.0f} us inside library operators "
+                   "and autograd (an upper bound of what fusing them recovers)")
+    return Finding(
+        rule="launch-overhead", severity="info", cost=cost,
+        title=(f"{ops['calls']} operator calls, {fmt_pct(ops['tiny_calls_pct'])} of them tiny, "
+               "inside library operators (eager-mode overhead)"),
+        summary=summary + (" They run inside the model's own operators (an LSTM cell, a linear "
+                           "layer) and their backward, not in a loop of the program's that "
+                           "could be vectorised: the eager-mode cost of this model's structure."),
+        evidence=evidence, where=where,
+        fix=["Nothing in the program's own loop issues them one by one. To cut eager-mode "
+             "overhead, compile the model: `model = torch.compile(model)` fuses the small "
+             "operators of each layer and of its backward; measure the step before and after."],
+        inputs=[tr.path],
+        root_cause="Per-operator dispatch inside small library operators (eager execution).",
+        metrics=metrics)
+
+
+def _cpu_by_shares(tr: InputResult, ops: dict[str, Any], window: float, of: str, summary: str,
+                   evidence: list[str], where: list[str], metrics: dict[str, Any]) -> Finding:
+    """Figures without the Python-issued split (older reports' metrics): by time shares."""
+    per_step = ops.get("per_step") or 0
+    # Counts do not change with the machine's load; time shares do.
+    many = per_step >= CPU_WARNING_OPS_PER_STEP and ops["tiny_calls_pct"] >= CPU_WARNING_TINY_CALLS_PCT
+    clear = (ops["tiny_self_pct_of_window"] >= CPU_WARNING_WINDOW_PCT
+             or ops.get("tiny_self_pct_of_ops", 0.0) >= CPU_WARNING_OPS_PCT or many)
+    cost = cost_of(ops["tiny_self_us"], window, of,
+                   f"self time of operators under {T.tiny_op_us:.0f} us (dispatch-bound; "
+                   "an upper bound of what fusing them recovers)")
+    if not clear:
+        evidence = [*evidence,
+                    f"tiny operators take {fmt_pct(ops['tiny_self_pct_of_window'])} of the window and "
+                    f"{fmt_pct(ops.get('tiny_self_pct_of_ops', 0.0))} of operator time, under the "
+                    f"{CPU_WARNING_WINDOW_PCT:.0f} % / {CPU_WARNING_OPS_PCT:.0f} % of a warning: on a "
+                    "busy machine these shares swing from run to run; profile again before acting"]
+    return Finding(
+        rule="launch-overhead", severity=severity_for(cost) if clear else "info", cost=cost,
+        title=(f"{ops['calls']} operator calls, {fmt_pct(ops['tiny_calls_pct'])} of them tiny"
+               + ("" if clear else " (borderline)")),
+        summary=summary, evidence=evidence, where=where, fix=FIX[:2], inputs=[tr.path],
+        root_cause="Per-operator dispatch overhead dominates: each op does very little work.",
+        metrics=metrics)

@@ -2,14 +2,17 @@
 
 Three sources: a trace's ``[memory]`` events (least-squares slope of allocated memory at the end
 of each ProfilerStep, with the allocations still alive at the end, by Python line), several
-snapshots of one process (allocated bytes by allocation site), several censuses of one process
-(tensor bytes by holder).
+snapshots of one process (allocated bytes by allocation site, up at every one of three or more),
+several censuses of one process (tensor bytes by holder, judged per holder by census_growth.py:
+three points or more, not capped, still holding what it held). A pair of snapshots or censuses
+that grew is an info finding: two points cannot tell a leak from a cache filling up.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from flight_profiler.report import census_growth
 from flight_profiler.report.models import Finding, InputResult
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -68,28 +71,40 @@ def _significant(vals: list[float]) -> bool:
     return grow >= T.growth_min_bytes and (vals[0] == 0 or 100 * grow / vals[0] >= T.growth_min_pct)
 
 
+TWO_POINTS = ("Two measurements cannot tell a leak from a cache filling up to its size or from a "
+              "step caught at two different moments: a third one later tells (growth must go on).")
+
+
 def _from_snapshots(ctx: Context) -> list[Finding]:
+    """Allocated bytes across snapshots: a leak when it rises at every snapshot, three or more;
+    a pair that grew is only worth an info finding (census_growth.py says why)."""
     out = []
     for series in ctx.snapshot_series:
         vals, mono = _growth(series, lambda s: s.data["allocated"])
         if not _significant(vals):
             continue
+        few = len(series) < census_growth.MIN_POINTS
+        rising = census_growth.growing([int(v) for v in vals])
+        if not few and not rising:
+            continue  # it went down (or stood still) on the way: freed, not leaked
         first = {x["site"]: x["bytes"] for x in series[0].data["sites"]}
         last = {x["site"]: x["bytes"] for x in series[-1].data["sites"]}
         grew = sorted(((site, b - first.get(site, 0)) for site, b in last.items()), key=lambda x: -x[1])
         where = [f"{site}: +{fmt_bytes(d)}" for site, d in grew[:5] if d > 0]
-        sev = "critical" if mono and len(series) >= 3 else "warning"
         pid = series[0].data.get("pid")
         out.append(Finding(
-            rule="memory-leak", severity=sev,
-            title=f"Allocated memory grew {fmt_bytes(vals[-1] - vals[0])} across {len(series)} snapshots",
+            rule="memory-leak", severity="info" if few else "critical",
+            title=(f"Allocated memory grew {fmt_bytes(vals[-1] - vals[0])} between two snapshots: "
+                   "a third tells whether it is a leak" if few else
+                   f"Allocated memory grew {fmt_bytes(vals[-1] - vals[0])} across {len(series)} snapshots"),
             summary=(f"Process {pid if pid is not None else '?'}: allocated memory went "
                      + " -> ".join(fmt_bytes(v) for v in vals)
-                     + (" (never going down)" if mono else "") + "."),
+                     + (" (up at every snapshot)" if rising and not few else "") + "."),
             evidence=[f"{s.name} ({s.data.get('label') or s.data.get('time_source')}): "
                       f"{fmt_bytes(s.data['allocated'])} allocated, {fmt_bytes(s.data['reserved'])} reserved"
-                      for s in series],
-            where=where or ["(no allocation stacks recorded)"], fix=FIX,
+                      for s in series] + ([TWO_POINTS] if few else []),
+            where=where or ["(no allocation stacks recorded)"],
+            fix=(["Take a third snapshot later (`torch memory -s`) and report the three."] if few else []) + FIX,
             inputs=[s.path for s in series],
             root_cause="Allocations made at the sites above survive from one snapshot to the next.",
             metrics={"allocated": vals, "monotonic": mono, "growth_bytes": vals[-1] - vals[0]},
@@ -98,49 +113,65 @@ def _from_snapshots(ctx: Context) -> list[Finding]:
 
 
 def _from_censuses(ctx: Context) -> list[Finding]:
+    """Holders that accumulate across censuses (census_growth.py): up at every census, three
+    or more, not capped, not the method's own return value, still holding what they held (a
+    running function's local must be seen to outlive its call). Their growth together must be
+    significant; a pair of censuses is only worth an info finding."""
     out = []
     for series in ctx.census_series:
         # What the live tensors keep alive: their data plus the autograd graphs hanging off them.
-        vals, mono = _growth(series, lambda s: s.data["totals"]["bytes"]
-                             + (s.data["totals"].get("graph_bytes") or 0))
-        if not _significant(vals):
+        totals = [s.data["totals"]["bytes"] + (s.data["totals"].get("graph_bytes") or 0) for s in series]
+        rows: list[tuple[int, census_growth.History]] = []
+        excused: list[tuple[census_growth.History, str]] = []
+        for h in census_growth.histories(series):
+            kept = h.kept()
+            if not census_growth.growing(kept):
+                continue
+            why = census_growth.why_not_accumulating(h)
+            if why is not None:
+                excused.append((h, why))
+                continue
+            rows.append((kept[-1] - kept[0], h))
+        grew = sum(d for d, _ in rows)
+        if not rows or not _significant([float(totals[0]), float(totals[0] + grew)]):
             continue
-        from flight_profiler.report.rules.graph_retention import fold_holders
-
-        # Judged per container: one row for cache[*], not one per request key.
-        first = {h["path"]: h for h in fold_holders(series[0].data["holders"])}
-        rows = []
-        for h in fold_holders(series[-1].data["holders"]):
-            before = first.get(h["path"], {"bytes": 0, "count": 0, "graph_bytes": 0})
-            # What a holder keeps alive: its tensors plus the graphs hanging off them.
-            grew = (h["bytes"] + h["graph_bytes"]) - (before["bytes"] + before["graph_bytes"])
-            if grew > 0:
-                rows.append((grew, h, before))
         rows.sort(key=lambda r: -r[0])
-        where = [f"{h['path']} ({h['kind']}, e.g. {h['example']}): {before['count']} -> {h['count']} "
-                 f"tensors, +{fmt_bytes(d)} kept alive" for d, h, before in rows[:5]]
-        sev = "critical" if mono and len(series) >= 3 else "warning"
-        graph_grew = sum(h["graph_bytes"] - before["graph_bytes"] for _, h, before in rows)
-        all_grew = sum(d for d, _, _ in rows)
+        few = len(series) < census_growth.MIN_POINTS
+        where = [f"{h.path} ({h.last['kind']}, e.g. {h.last.get('example', h.path)}): "
+                 f"{h.series('count')[0]} -> {h.last['count']} tensors, +{fmt_bytes(d)} kept alive"
+                 for d, h in rows[:5]]
+        graph_grew = sum(h.series("graph_bytes")[-1] - h.series("graph_bytes")[0] for _, h in rows)
         fix = FIX
-        if all_grew > 0 and graph_grew >= all_grew / 2:
-            fix = [f"{fmt_bytes(graph_grew)} of the {fmt_bytes(all_grew)} growth is autograd graph "
+        if grew > 0 and graph_grew >= grew / 2:
+            fix = [f"{fmt_bytes(graph_grew)} of the {fmt_bytes(grew)} growth is autograd graph "
                    "kept alive by the held tensors: produce them under `torch.inference_mode()` / "
-                   "`torch.no_grad()`, or store `t.detach()` (see graph-retention).", *FIX]
+                   "`torch.no_grad()`, or store `t.detach()` (see graph-retention and graph-chain).", *FIX]
+        if few:
+            fix = ["Take a third census later (`torch tensors -f c3.json --diff c2.json`) and "
+                   "report the three.", *fix]
+        evidence = [f"{s.name}: {s.data['totals']['count']} tensors, "
+                    f"{fmt_bytes(s.data['totals']['bytes'])}"
+                    + (f" + {fmt_bytes(s.data['totals']['graph_bytes'])} of autograd graph"
+                       if s.data["totals"].get("graph_bytes") else "") for s in series]
+        evidence += [f"not counted: {h.path} grew {fmt_bytes(h.kept()[-1] - h.kept()[0])}, but {why}"
+                     for h, why in excused[:5]]
+        if few:
+            evidence.append(TWO_POINTS)
         out.append(Finding(
-            rule="memory-leak", severity=sev,
-            title=f"Live tensor memory grew {fmt_bytes(vals[-1] - vals[0])} across {len(series)} censuses",
-            summary=("Live tensors (with the graphs they keep): " + " -> ".join(fmt_bytes(v) for v in vals)
-                     + (" (never going down)" if mono else "") + "."),
-            evidence=[f"{s.name}: {s.data['totals']['count']} tensors, "
-                      f"{fmt_bytes(s.data['totals']['bytes'])}"
-                      + (f" + {fmt_bytes(s.data['totals']['graph_bytes'])} of autograd graph"
-                         if s.data["totals"].get("graph_bytes") else "") for s in series],
-            where=where or ["(no holder grew: the growth is in tensors no census path reached)"],
-            fix=fix, inputs=[s.path for s in series],
-            root_cause="The holders above keep more tensors at every census.",
-            metrics={"bytes": vals, "monotonic": mono,
-                     "growing_holders": [h["path"] for _, h, _ in rows[:10]]},
+            rule="memory-leak", severity="info" if few else "critical",
+            title=(f"Live tensors held by {rows[0][1].path} grew {fmt_bytes(grew)} between two censuses: "
+                   "a third tells whether it is a leak" if few else
+                   f"Live tensor memory grew {fmt_bytes(grew)} across {len(series)} censuses"),
+            summary=("Kept alive by holders that grew at every census (their tensors and the graphs "
+                     "hanging off them): " + ", ".join(
+                         f"{h.path} " + " -> ".join(fmt_bytes(v) for v in h.kept()) for _, h in rows[:3])
+                     + "; all live tensors: " + " -> ".join(fmt_bytes(v) for v in totals) + "."),
+            evidence=evidence, where=where, fix=fix, inputs=[s.path for s in series],
+            root_cause=("The holders above keep more tensors at every census, and still hold the ones "
+                        "they held before: nothing gives them back."),
+            metrics={"bytes": totals, "growth_bytes": grew,
+                     "growing_holders": [h.path for _, h in rows[:10]],
+                     "not_counted": {h.path: why for h, why in excused[:10]}},
         ))
     return out
 

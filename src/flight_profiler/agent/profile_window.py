@@ -1,0 +1,177 @@
+"""``torch profile METHOD -n N --window``: one all-threads profile around a method's next calls,
+long enough to hold whole training steps, whatever part of the step the method is.
+
+A user names ``forward`` far more often than the step. The calls of ``forward`` alone show a
+region of the step: its outputs are freed later by backward, its graph is used after it returns,
+the DataLoader waits between its calls. So the window covers the loop itself: it runs from now
+until the method has been entered N+1 times (N whole periods between entries) and every
+optimizer seen has stepped at least ``STEPS_WANTED + 1`` times (whole steps between its steps,
+for a method called several times a step: LBFGS's closure, gradient accumulation's
+micro-batches; past ``soft`` seconds, twice), or the timeout. The method's
+calls and every optimizer step are marked in the trace (step_marks.py); the report finds the
+step from them and uses whole steps only.
+
+A method whose one call holds a whole step itself (an optimizer step or a backward completes
+inside it: ``train_step``, ``optimizer.step``), seen on one call watched before any profiling,
+is profiled one session per call instead (``holds_a_step``): its calls are the steps, and a
+session in the calling thread records the ``[memory]`` events the report judges growth on.
+
+The session runs over all threads and is started and stopped from the agent's thread, so that
+it ends at the timeout, on a cancel or a lost client whatever the target does next (a session
+that belongs to the target's thread could only be stopped by a later call that may never come).
+torch records no [memory] events from such a session: memory over time comes from the censuses
+and snapshots, not from this trace.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from . import hooks, targets
+from .protocol import ERR_FAILED
+from .registry import CommandError, Context
+from .step_marks import BACKWARD_SPEC, StepMarks, hook_optimizers
+from .torch_support import quiet_native_stderr
+
+# Whole steps of every optimizer the window waits for (3 points of memory or time per step are
+# the least a trend is judged on); past ``soft`` seconds one whole step will do.
+STEPS_WANTED = 3
+DEFAULT_SOFT_S = 5.0
+
+
+def all_threads_config(torch: Any) -> Any:
+    """An experimental config that profiles every thread, or None on a torch without one."""
+    try:
+        return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except Exception:
+        return None
+
+
+def mark_optimizers(ctx: Context, torch: Any, marks: StepMarks) -> None:
+    """Mark every optimizer step and backward pass while the request runs (the hooks come off
+    with the request's)."""
+    remove = hook_optimizers(torch, marks)
+    if remove is not None:
+        ctx.add_hook("optimizer step marks", remove)
+    try:
+        target = targets.resolve(BACKWARD_SPEC)
+    except CommandError:  # a torch without torch.autograd.backward as a Python function
+        return
+    ctx.add_hook("backward marks", hooks.install(target, marks.on_backward_enter,
+                                                 marks.on_backward_exit))
+
+
+def _enough(marks: StepMarks, calls: int, elapsed: float, soft: float) -> bool:
+    """The calls are in, and STEPS_WANTED whole steps of every optimizer; or, after ``soft``
+    seconds, one whole period between calls and one whole step (a step of seconds, or a method
+    called every few seconds, would make the window too long to profile and to export)."""
+    fewest = marks.fewest_steps()
+    if marks.entered >= calls + 1 and (fewest is None or fewest >= STEPS_WANTED + 1):
+        return True
+    return elapsed >= soft and marks.entered >= 2 and (fewest is None or fewest >= 2)
+
+
+def holds_a_step(ctx: Context, torch: Any, target: Any, timeout: float) -> bool | None:
+    """Whether one call of the method runs a whole step itself (an optimizer step or a
+    backward completes inside it, in its thread), watched without profiling; None if no call
+    completed within ``timeout``. Such a method (``train_step``, ``optimizer.step``) is
+    profiled one session per call: its calls are steps, and a session in the calling thread
+    records the ``[memory]`` events an all-threads one cannot."""
+    marks = StepMarks(torch, None)
+    seen: dict[str, Any] = {}
+    done = threading.Event()
+
+    def on_enter(args: Any, kwargs: Any) -> Any:
+        if "thread" in seen:
+            return None
+        seen["thread"] = threading.get_ident()
+        return (sum(marks.steps), marks.backwards)
+
+    def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        if token is None or done.is_set():
+            return
+        seen["held"] = sum(marks.steps) > token[0] or marks.backwards > token[1]
+        done.set()
+
+    remove = hooks.install(target, on_enter, on_exit)
+    ctx.add_hook(f"probe of {target.description}", remove)
+    mark_optimizers(ctx, torch, marks)
+    try:
+        deadline = time.monotonic() + timeout
+        while not done.wait(0.05):
+            if ctx.wait(0) or time.monotonic() > deadline:
+                return None
+    finally:
+        ctx.remove_hooks()
+    return bool(seen.get("held"))
+
+
+def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use_cuda: bool,
+                 options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
+    """(profiler, info), or (None, info) where a session per call is the better profile: this
+    torch cannot profile all threads, or the method holds a whole step (``holds_step``)."""
+    config = all_threads_config(torch)
+    if config is None:
+        return None, {}
+    calls = int(ctx.arg("calls", 1) or 1)
+    timeout = float(ctx.arg("timeout", 60.0) or 60.0)
+    soft = float(ctx.arg("duration") or DEFAULT_SOFT_S)
+    target = targets.resolve(spec)
+    started = time.monotonic()
+    held = holds_a_step(ctx, torch, target, timeout)
+    if held is None:
+        why = "cancelled before any call" if ctx.cancelled else f"no call of {target.description} within {timeout:g} s"
+        raise CommandError(why, "is the method being called? check with `watch`; raise --timeout", ERR_FAILED)
+    if held:
+        return None, {"holds_step": True}
+    timeout = max(1.0, timeout - (time.monotonic() - started))
+    marks = StepMarks(torch, target.description)
+    kwargs: dict[str, Any] = {"activities": activities, **options,
+                              "experimental_config": config}
+    prof = torch.profiler.profile(**kwargs)
+    with quiet_native_stderr():
+        prof.start()
+    started = time.monotonic()
+    timed_out = cancelled = False
+    try:
+        remove = hooks.install(target, marks.on_enter, marks.on_exit)
+        ctx.add_hook(f"profile window around {target.description}", remove)
+        mark_optimizers(ctx, torch, marks)
+        reported = -1
+        while not _enough(marks, calls, time.monotonic() - started, soft):
+            now = time.monotonic()
+            if now - started > timeout:
+                timed_out = True
+                break
+            done = min(marks.finished, calls)
+            if done != reported:
+                reported = done
+                ctx.emit({"event": "progress", "what": "profile", "target": target.description,
+                          "calls_done": done, "calls": calls,
+                          "message": f"profiling all threads around {target.description}: "
+                                     f"{done} of {calls} calls"})
+            marks.changed.clear()
+            marks.changed.wait(0.05)  # woken by the next call or optimizer step
+            if ctx.wait(0):
+                cancelled = True
+                break
+    finally:
+        ctx.remove_hooks()  # no new mark once the session ends
+        if use_cuda:
+            torch.cuda.synchronize()
+        with quiet_native_stderr():
+            prof.stop()
+    info: dict[str, Any] = {
+        "target": target.description, "calls_requested": calls,
+        "calls_recorded": min(marks.finished, marks.entered), "calls_entered": marks.entered,
+        "optimizer_steps": marks.optimizer_steps(), "all_threads": True,
+        "duration_s": round(time.monotonic() - started, 3), "timed_out": timed_out,
+        "cancelled": cancelled,
+    }
+    if marks.entered == 0:
+        del prof
+        why = "cancelled before any call" if cancelled else f"no call of {target.description} within {timeout:g} s"
+        raise CommandError(why, "is the method being called? check with `watch`; raise --timeout", ERR_FAILED)
+    return prof, info

@@ -1,0 +1,115 @@
+"""Marks in a profile that let the report find the training step: the named method's calls and
+each optimizer's steps, as ``record_function`` annotations (user_annotation events).
+
+``StepMarks(torch, label)``:
+
+* ``on_enter``/``on_exit`` for hooks.install: each call of the method is wrapped in an
+  annotation ``flight_profiler.call#<label>`` (the report places the method inside the step and
+  tells a method that IS the step from one that runs inside it, or several times in it);
+* ``on_backward_enter``/``on_backward_exit`` for a hook on ``torch.autograd.backward`` (which
+  ``Tensor.backward`` calls): each backward pass in an annotation ``flight_profiler.backward``
+  (a loop with a hand-written update and no optimizer object steps once per backward);
+* ``on_optimizer_step`` for torch's global optimizer step post-hook: one annotation
+  ``flight_profiler.optimizer_step#<k> <Class>`` at the end of every ``step()`` of optimizer
+  number ``k`` (numbered in the order they are first seen). torch's own
+  ``Optimizer.step#Adam.step`` annotation names the class only: a GAN's two Adam optimizers
+  would look like one optimizer stepping twice a step.
+
+The counts (calls entered and finished, steps per optimizer) are what ``torch profile --window``
+waits on. Only ids of optimizers are kept, never the objects (nothing of the target's is held
+after the request). The callbacks run in the target's threads: they never raise (hooks.py
+swallows what a hook raises; the optimizer hook catches its own).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any, Callable
+
+CALL_MARK = "flight_profiler.call#"
+OPTIMIZER_MARK = "flight_profiler.optimizer_step#"
+BACKWARD_MARK = "flight_profiler.backward"
+BACKWARD_SPEC = {"module": "torch.autograd", "method": "backward"}
+
+
+class StepMarks:
+    def __init__(self, torch: Any, label: str | None) -> None:
+        self._record = torch.autograd.profiler.record_function
+        self._call_name = f"{CALL_MARK}{label}" if label else ""
+        self._lock = threading.Lock()
+        self.entered = 0
+        self.finished = 0
+        self._optimizers: dict[int, int] = {}  # id(optimizer) -> its number
+        self._classes: list[str] = []
+        self.steps: list[int] = []  # steps per optimizer number
+        self.backwards = 0
+        self.changed = threading.Event()
+
+    # -- the method --------------------------------------------------------------------------
+    def on_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        with self._lock:
+            self.entered += 1
+        self.changed.set()
+        mark = self._record(self._call_name)
+        mark.__enter__()
+        return mark
+
+    def on_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        if token is not None:
+            token.__exit__(None, None, None)
+        with self._lock:
+            self.finished += 1
+        self.changed.set()
+
+    # -- backward --------------------------------------------------------------------------
+    def on_backward_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        mark = self._record(BACKWARD_MARK)
+        mark.__enter__()
+        return mark
+
+    def on_backward_exit(self, token: Any, value: Any, exc: BaseException | None,
+                         elapsed_ns: int) -> None:
+        if token is not None:
+            token.__exit__(None, None, None)
+        with self._lock:
+            self.backwards += 1
+        self.changed.set()
+
+    # -- the optimizers ----------------------------------------------------------------------
+    def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            with self._lock:
+                number = self._optimizers.get(id(optimizer))
+                if number is None:
+                    number = self._optimizers[id(optimizer)] = len(self._classes)
+                    self._classes.append(type(optimizer).__name__)
+                    self.steps.append(0)
+                self.steps[number] += 1
+            with self._record(f"{OPTIMIZER_MARK}{number} {self._classes[number]}"):
+                pass
+            self.changed.set()
+        except Exception:  # never into the target's step()
+            pass
+
+    def optimizer_steps(self) -> dict[str, int]:
+        with self._lock:
+            return {f"#{k} {cls}": n for k, (cls, n) in enumerate(zip(self._classes, self.steps))}
+
+    def fewest_steps(self) -> int | None:
+        """Steps of the optimizer that stepped least (None: no optimizer stepped)."""
+        with self._lock:
+            return min(self.steps) if self.steps else None
+
+
+def hook_optimizers(torch: Any, marks: StepMarks) -> Callable[[], None] | None:
+    """Install ``marks.on_optimizer_step`` as a global optimizer post-hook; returns its remover,
+    or None where this torch has no global hooks (the report then finds steps from torch's own
+    Optimizer.step annotations)."""
+    module = sys.modules.get("torch.optim.optimizer")
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is None:
+        return None
+    handle = register(marks.on_optimizer_step)
+    return handle.remove  # type: ignore[no-any-return]

@@ -1,0 +1,191 @@
+"""The realistic programs of this folder, how a user would point diagnose at them, and what a
+right diagnosis says: shared by tests/integration/test_real_programs.py and
+bench/bench_real_programs.py.
+
+Each program is written the way the field's tutorials and example repositories write it (not
+shaped to the tool) and runs healthy, or with `--mistake` with one classic user mistake planted.
+A user names the model's `forward`, the step (the optimizer's step when the program has no step
+function of its own), or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SEVERE = ("warning", "critical")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a right diagnosis of the planted mistake says."""
+
+    rules: tuple[str, ...]                 # one of these rules, at warning or above
+    holder: str | None = None              # a substring of the finding's holder/where/summary
+    fix: tuple[str, ...] = ()              # each a substring of the finding's fix text
+    why: str = ""
+    also: tuple[str, ...] = ()             # other rules that may rightly fire beside it
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    ready: str                             # a regex of its own log output once it trains
+    forward: tuple[str, ...]               # `module [class] method` of the model's forward
+    step: tuple[str, ...]                  # the step: its own function, else the optimizer's
+    mistake: Expected
+    args: tuple[str, ...] = ()
+    notes: str = ""
+    methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def targets(self) -> dict[str, tuple[str, ...]]:
+        return {"forward": self.forward, "step": self.step, "none": ()}
+
+    @property
+    def script(self) -> Path:
+        return HERE / f"{self.name}.py"
+
+
+PROGRAMS: dict[str, Program] = {p.name: p for p in (
+    Program(
+        "word_language_model", r"\| epoch +1 \| +20/",
+        forward=("__main__", "RNNModel", "forward"), step=("__main__", "get_batch"),
+        mistake=Expected(("graph-chain",), holder="train() local hidden",
+                         fix=("detach",), also=("memory-leak",),
+                         why="hidden state carried across batches without repackage_hidden"),
+        notes="no step function (the loop is inline in train()); get_batch is called once a step"),
+    Program(
+        "dcgan", r"\[0\]\[20/",
+        forward=("__main__", "Generator", "forward"), step=("torch.optim.adam", "Adam", "step"),
+        mistake=Expected(("graph-retention", "memory-leak"), holder="_losses[*]",
+                         fix=(".item()",), also=("memory-leak", "graph-retention"),
+                         why="G_losses.append(errG): tensors, not numbers"),
+        notes="module-level script; two Adam optimizers, so Adam.step runs twice a step"),
+    Program(
+        "time_sequence_prediction", r"STEP:  3\b",
+        forward=("__main__", "Sequence", "forward"), step=("torch.optim.lbfgs", "LBFGS", "step"),
+        mistake=Expected(("eval-with-grad",), fix=("no_grad",),
+                         why="the prediction after each step runs with autograd on"),
+        notes="LBFGS: forward runs several times a step inside the closure; its history is capped"),
+    Program(
+        "transformer_grad_accum", r"\| epoch +1 \| +40/",
+        forward=("__main__", "TransformerModel", "forward"),
+        step=("torch.optim.adamw", "AdamW", "step"),
+        mistake=Expected(("graph-retention", "graph-chain", "memory-leak"),
+                         holder="running_loss", fix=(".item()",),
+                         also=("memory-leak", "graph-retention", "graph-chain"),
+                         why="running_loss += loss keeps every micro-batch's graph"),
+        notes="gradient accumulation: 4 forwards and backwards per optimizer step"),
+    Program(
+        "amp_classifier", r"Epoch: \[0\]\[ +20/",
+        forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
+        mistake=Expected(("grad-health",), holder="zero_grad", fix=("zero_grad",),
+                         why="optimizer.zero_grad() lost: gradients accumulate"),
+        notes="DataLoader with 2 workers; autocast/GradScaler enabled only on CUDA"),
+)}
+
+
+def finding_text(finding: dict[str, Any]) -> str:
+    return json.dumps(finding)
+
+
+def severe(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in result.get("findings", []) if f.get("severity") in SEVERE]
+
+
+def judge(program: Program, mistake: bool, result: dict[str, Any]) -> tuple[bool, str]:
+    """(right, why) for one diagnosis of ``program``."""
+    bad = severe(result)
+    if not mistake:
+        if bad:
+            return False, "false alarm: " + "; ".join(
+                f"{f['severity']} {f['rule']}: {f.get('summary', '')[:160]}" for f in bad)
+        return True, "quiet"
+    expected = program.mistake
+    hits = [f for f in bad if f["rule"] in expected.rules]
+    if not hits:
+        return False, f"missed ({'/'.join(expected.rules)}); got: " + "; ".join(
+            f"{f['severity']} {f['rule']}" for f in bad)
+    for f in hits:
+        text = finding_text(f)
+        fixes = json.dumps(f.get("fix", []))
+        if expected.holder and expected.holder not in text:
+            continue
+        if any(want not in fixes for want in expected.fix):
+            continue
+        others = [g for g in bad if g is not f and g["rule"] not in (*expected.rules, *expected.also)]
+        if others:
+            return False, f"found {f['severity']} {f['rule']}, but also false alarms: " + "; ".join(
+                f"{g['severity']} {g['rule']}: {g.get('summary', '')[:120]}" for g in others)
+        return True, f"found {f['severity']} {f['rule']}"
+    f = hits[0]
+    return False, (f"found {f['rule']} but holder/fix wrong: where={f.get('where')} "
+                   f"holder={f.get('metrics', {}).get('holder')} fix={f.get('fix')}")
+
+
+_AMP_LINE = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/\d+\]\s+Time\s+\S+\s+\(\s*([\d.]+)\)\s+"
+                       r"Data\s+\S+\s+\(\s*([\d.]+)\)")
+_DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
+
+
+def own_dataloader_share(name: str, log: str) -> float | None:
+    """The DataLoader's share of the loop (%) as the program itself measured it, with no tool
+    attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
+    cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations)."""
+    if name == "amp_classifier":
+        rows = [(int(e), int(i) + 1, float(t), float(d)) for e, i, t, d in _AMP_LINE.findall(log)]
+        if len(rows) < 2 or rows[-1][0] != rows[-2][0]:
+            return None
+        (_, n1, t1, d1), (_, n2, t2, d2) = rows[-2], rows[-1]
+        batch = t2 * n2 - t1 * n1
+        return round(100.0 * (d2 * n2 - d1 * n1) / batch, 2) if batch > 0 else None
+    if name == "dcgan":
+        rows = [(int(i), float(d), float(t)) for i, d, t in _DCGAN_LINE.findall(log) if int(i) > 0]
+        if not rows or rows[-1][2] <= 0:
+            return None
+        return round(100.0 * rows[-1][1] / rows[-1][2], 2)
+    return None
+
+
+def start(program: Program, mistake: bool, python: str = sys.executable,
+          log: Path | None = None, seconds: float = 600) -> subprocess.Popen[bytes]:
+    """Start ``program`` and return once it has logged ``program.ready``."""
+    cmd = [python, str(program.script), "--seconds", str(seconds), *program.args]
+    if mistake:
+        cmd.append("--mistake")
+    log = log or Path(f"/tmp/{program.name}-{'mistake' if mistake else 'healthy'}.log")
+    out = open(log, "wb")  # noqa: SIM115 - the child writes it as long as it lives
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            cwd=str(HERE), env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+    out.close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{program.name} exited: {log.read_text(errors='replace')[-2000:]}")
+        if re.search(program.ready, log.read_text(errors="replace")):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{program.name} never logged {program.ready!r}")
+
+
+def diagnose(pid: int, target: tuple[str, ...], out: Path, extra: tuple[str, ...] = (),
+             timeout: float = 240) -> tuple[int, dict[str, Any], float]:
+    """Run `flight_profiler diagnose` as a user would: (exit code, --json document, seconds)."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "flight_profiler", "diagnose", str(pid), *target, "--out", str(out),
+         "--json", *extra], capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - t0
+    try:
+        doc: dict[str, Any] = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        doc = {"error": (proc.stdout + proc.stderr)[-3000:]}
+    return proc.returncode, doc, seconds
