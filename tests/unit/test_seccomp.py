@@ -159,3 +159,28 @@ def test_unreadable_filters_are_refused_unless_shared_and_probed() -> None:
 def test_the_probe_child_reports_the_call_that_killed_it() -> None:
     # this test process runs under no filter: the probe comes through
     assert seccomp.probe_in_child() is None
+
+
+def test_a_sandboxed_target_in_uninterruptible_sleep_is_refused_before_any_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from flight_profiler.attach import ptrace_inject
+
+    # GIVEN a filtered process whose main thread is in D state (NFS, a disk hang): the stop its
+    # filters are read in would never come
+    monkeypatch.setattr(ptrace_inject, "read_status",
+                        lambda pid: "Seccomp:\t2\nSeccomp_filters:\t1\n")
+    monkeypatch.setattr(ptrace, "thread_state", lambda pid, tid: "D")
+
+    def no_stop(*a: object) -> object:
+        raise AssertionError("the filters were read in a stop")
+
+    monkeypatch.setattr(seccomp, "read_filters_briefly", no_stop)
+    monkeypatch.setattr(seccomp, "check_filters", no_stop)
+    # WHEN the injector judges its sandbox
+    with pytest.raises(AttachFailed) as err:
+        ptrace_inject.sandbox_verdict(SimpleNamespace(pid=4242), lambda s: None)  # type: ignore[arg-type]
+    # THEN one line says why and when to retry, exit 6, and it was never stopped
+    assert "uninterruptible sleep" in str(err.value) and err.value.exit_code == ExitCode.ATTACH_FAILED
+    assert "retry when its I/O completes" in err.value.hint
