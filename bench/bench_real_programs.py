@@ -51,7 +51,7 @@ def main() -> int:
                         out = Path(tmp) / f"{name}-{variant}-{method}-{run}"
                         log = Path(tmp) / f"{out.name}.log"
                         proc = cases.start(program, mistake, log=log)
-                        own = cases.own_dataloader_share(name, log.read_text(errors="replace"))
+                        own = cases.steady_dataloader_share(name, log)
                         try:
                             code, doc, seconds = cases.diagnose(
                                 proc.pid, target, out,
@@ -63,7 +63,7 @@ def main() -> int:
                         if "error" in doc:
                             ok, why = False, f"exit {code}: {doc['error'][-300:]}"
                         else:
-                            ok, why = cases.judge(program, mistake, doc)
+                            ok, why = cases.judge(program, mistake, doc, own)
                         if not alive:
                             ok, why = False, "THE PROGRAM DIED: " + why
                         step = doc.get("step") or doc.get("diagnose", {}).get("step") or "-"

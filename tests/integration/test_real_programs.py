@@ -30,6 +30,9 @@ DIAGNOSE = ("--calls", "5", "--duration", "3", "--timeout", "30")
 def run_case(tmp_path: Path, name: str, mistake: bool, method: str) -> None:
     program = cases.PROGRAMS[name]
     proc = cases.start(program, mistake, log=tmp_path / "program.log")
+    # the loader's share by the program's own meters, before the tool attaches: the truth that a
+    # dataloader-bottleneck finding is judged against
+    own = cases.steady_dataloader_share(name, tmp_path / "program.log")
     try:
         code, doc, _seconds = cases.diagnose(proc.pid, program.targets()[method],
                                             tmp_path / "diag", DIAGNOSE)
@@ -42,7 +45,7 @@ def run_case(tmp_path: Path, name: str, mistake: bool, method: str) -> None:
     assert code in (0, 9), doc
     failed = [(p["name"], p["reason"]) for p in doc["phases"] if p["status"] in ("failed", "timed_out")]
     assert not failed, failed
-    right, why = cases.judge(program, mistake, doc)
+    right, why = cases.judge(program, mistake, doc, own)
     assert right, why
 
 
