@@ -12,7 +12,9 @@ Prints (and with --json emits) :
   the same process (attach / detach alternating), relative to a control process alongside.
 - injection methods side by side in one run: the built-in ptrace injector against gdb (a gdb
   that passes the self-test, given with --gdb or $FLIGHT_PROFILER_GDB; e.g. gdb 18 from the
-  PyPI package gdb-for-pwndbg), on a sleeping and a busy target, as a ratio.
+  PyPI package gdb-for-pwndbg), on a sleeping and a busy target, as a ratio; with
+  --baseline-src OTHER/src, against another checkout's ptrace injector too (the cost of a
+  change, e.g. of the self-restoring calls: --only-methods --baseline-src ../main/src).
 Targets (issue 9): first command < 0.2 s, later < 0.1 s; the closest peer measured 0.66 s / 0.12 s
 on this machine kind (its own ptrace shellcode), gdb 18 0.27 s / 0.086 s.
 """
@@ -286,30 +288,50 @@ while True:
 """
 
 
-def bench_methods(python: str, runs: int, gdb: str | None) -> dict[str, object]:
-    """First command per injection method, each on a fresh target, interleaved run by run."""
-    methods = ["ptrace"] + (["gdb"] if gdb else [])
+def bench_methods(python: str, runs: int, gdb: str | None,
+                  baseline: str | None = None) -> dict[str, object]:
+    """First command per injection method, each on a fresh target, interleaved run by run.
+
+    ``baseline``: the src directory of another checkout, whose ptrace injector runs as a third
+    method ("ptrace@baseline") in the same rounds: a change's cost as a ratio of one run.
+    """
+    methods = ["ptrace"] + (["gdb"] if gdb else []) + (["ptrace@baseline"] if baseline else [])
     env = dict(os.environ)
     if gdb:
         env["FLIGHT_PROFILER_GDB"] = gdb
     out: dict[str, object] = {}
     for name, code in (("sleeping", SLEEPER), ("busy", BUSY)):
         times: dict[str, list[float]] = {m: [] for m in methods}
+        injector: dict[str, list[float]] = {m: [] for m in methods}  # its own time, from -v
         for _ in range(runs):
             for method in methods:
                 proc, _ = spawn(python, code)
+                run_env = dict(env, PYTHONPATH=baseline) if method.endswith("@baseline") else env
                 try:
                     start = time.perf_counter()
-                    subprocess.run([*CLI, str(proc.pid), "--cmd", "status", "--method", method],
-                                   check=True, capture_output=True, timeout=120, env=env)
+                    done = subprocess.run([*CLI, str(proc.pid), "--cmd", "status", "--timeout", "60", "--method",
+                                           method.split("@")[0], "-v"], check=True,
+                                          capture_output=True, text=True, timeout=120,
+                                          env=run_env)
                     times[method].append(time.perf_counter() - start)
+                    m = re.search(r"\w+ returned in ([\d.]+)s", done.stderr)
+                    if m:
+                        injector[method].append(float(m.group(1)))
                     assert proc.poll() is None, "target died"
                 finally:
                     stop(proc)
         row: dict[str, object] = {m: median_ms(v) for m, v in times.items()}
+        row["injector_alone"] = {m: median_ms(v) for m, v in injector.items() if v}
         if gdb:
             row["ptrace_over_gdb"] = round(statistics.median(times["ptrace"])
                                            / statistics.median(times["gdb"]), 2)
+        if baseline:
+            row["ptrace_over_baseline"] = round(statistics.median(times["ptrace"]) /
+                                                statistics.median(times["ptrace@baseline"]), 3)
+            if injector["ptrace"] and injector["ptrace@baseline"]:
+                row["injector_alone_ptrace_over_baseline"] = round(
+                    statistics.median(injector["ptrace"])
+                    / statistics.median(injector["ptrace@baseline"]), 3)
         out[name] = row
     if not gdb:
         out["gdb"] = "skipped: no working gdb given (--gdb PATH or $FLIGHT_PROFILER_GDB)"
@@ -326,10 +348,18 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--gdb", default=os.environ.get("FLIGHT_PROFILER_GDB"),
                         help="a working gdb to compare the built-in injector with")
+    parser.add_argument("--baseline-src", help="another checkout's src/: its ptrace injector "
+                        "runs beside this one's, interleaved (the cost of a change)")
+    parser.add_argument("--only-methods", action="store_true",
+                        help="run only the injection methods' comparison")
     args = parser.parse_args()
+    if args.only_methods:
+        print(json.dumps({"target_python": args.python, "methods": bench_methods(
+            args.python, args.runs, args.gdb, args.baseline_src)}, indent=2))
+        return
     results = {
         "target_python": args.python,
-        "methods": bench_methods(args.python, args.runs, args.gdb),
+        "methods": bench_methods(args.python, args.runs, args.gdb, args.baseline_src),
         "latency": bench_latency(args.python, args.runs),
         "torch_target": bench_torch_target(max(args.runs // 2, 1)),
         "startup": bench_startup(args.runs),

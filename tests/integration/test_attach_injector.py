@@ -195,6 +195,17 @@ def test_interrupting_the_cli_mid_injection_leaves_the_target_whole(state_target
         _finish(t, stop)
 
 
+def _exec_anon_in(pid: int, lo: int, hi: int) -> list[str]:
+    """The anonymous executable mappings of ``pid`` that overlap [lo, hi)."""
+    found = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        start, _, end = fields[0].partition("-")
+        if int(start, 16) < hi and int(end, 16) > lo and "x" in fields[1] and len(fields) == 5:
+            found.append(line)
+    return found
+
+
 @pytest.mark.parametrize("state", ["sleeping", "busy"])
 def test_injected_region_is_unmapped_once_the_agent_runs(state_target, tmp_path,
                                                          state: str) -> None:
@@ -206,13 +217,16 @@ def test_injected_region_is_unmapped_once_the_agent_runs(state_target, tmp_path,
     assert proc.returncode == 0, proc.stderr
     m = re.search(r"region=0x([0-9a-f]+)\+(\d+)", proc.stderr)
     assert m, proc.stderr
-    start = m.group(1)
+    stub = re.search(r"stub=0x([0-9a-f]+)\+4096", proc.stderr)
+    assert stub, proc.stderr  # the page the calls returned through, freed by the CLI itself
+    ours = (int(stub.group(1), 16), int(m.group(1), 16) + int(m.group(2)))
     route = "new native thread" if state == "sleeping" else "pending call"
     assert route in proc.stderr
     deadline = time.monotonic() + 10
-    while any(line.startswith(start + "-") for line in
-              Path(f"/proc/{t.pid}/maps").read_text().splitlines()):
-        assert time.monotonic() < deadline, "the injected region is still mapped"
+    # Only an executable anonymous mapping there is ours: once freed, the agent's own
+    # allocations (read-write) may land on the same addresses.
+    while left := _exec_anon_in(t.pid, *ours):
+        assert time.monotonic() < deadline, f"the injected region is still mapped: {left}"
         time.sleep(0.05)
     _finish(t, stop)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import signal
 import sys
 import threading
 import time
@@ -66,7 +67,7 @@ def test_parse_maps_reads_inode_offset_and_deleted_paths() -> None:
 class _Region:
     """The injected region, built exactly as the injector builds it, mapped in THIS process."""
 
-    def __init__(self, foreign: str, pending: str) -> None:
+    def __init__(self, foreign: str, pending: str, sigmask: int = 0) -> None:
         target = inspect(os.getpid(), check_permissions=False)
         funcs = ptrace_inject.resolve_functions(target)
         self.size = ptrace_inject.region_size(foreign, pending)
@@ -78,7 +79,7 @@ class _Region:
                           mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
         assert base and base != ctypes.c_void_p(-1).value
         self.base = int(base)
-        data = ptrace_inject.build_region(self.base, funcs, foreign, pending)
+        data = ptrace_inject.build_region(self.base, funcs, foreign, pending, sigmask)
         ctypes.memmove(self.base, data, len(data))
         assert _libc.mprotect(ctypes.c_void_p(self.base), self.size,
                               mmap.PROT_READ | mmap.PROT_EXEC) == 0
@@ -99,11 +100,14 @@ def _wait(predicate: object, timeout: float = 10.0) -> bool:
 
 
 def test_thread_routine_runs_the_text_with_the_gil_then_unmaps_itself() -> None:
-    # GIVEN the region, whose "foreign" text records which thread ran it
+    # GIVEN the region, whose "foreign" text records which thread ran it and its signal mask,
+    # built for a borrowed thread whose own mask blocks SIGUSR1 and SIGWINCH
     sys.modules[__name__].RAN_IN = None  # type: ignore[attr-defined]
-    text = (f"import sys, threading; sys.modules[{__name__!r}].RAN_IN = "
-            "(threading.get_ident(), sys._getframe() is not None)")
-    region = _Region(text, "pass")
+    text = (f"import signal, sys, threading; sys.modules[{__name__!r}].RAN_IN = "
+            "(threading.get_ident(), sys._getframe() is not None, "
+            "signal.pthread_sigmask(signal.SIG_BLOCK, []))")
+    mask = 1 << (signal.SIGUSR1 - 1) | 1 << (signal.SIGWINCH - 1)
+    region = _Region(text, "pass", mask)
     start = ctypes.pythonapi.PyThread_start_new_thread
     start.restype = ctypes.c_ulong
     start.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -114,6 +118,8 @@ def test_thread_routine_runs_the_text_with_the_gil_then_unmaps_itself() -> None:
     mod = sys.modules[__name__]
     assert _wait(lambda: mod.RAN_IN is not None)  # type: ignore[attr-defined]
     assert mod.RAN_IN[0] != threading.get_ident() and mod.RAN_IN[1]  # type: ignore[attr-defined]
+    # with that thread's own mask, not the one our calls run with (all but faults blocked)
+    assert mod.RAN_IN[2] == {signal.SIGUSR1, signal.SIGWINCH}  # type: ignore[attr-defined]
     assert _wait(lambda: not region.mapped())
 
 
@@ -138,7 +144,7 @@ def test_pending_routine_runs_in_the_main_thread_and_returns_success() -> None:
 def test_region_layout_keeps_texts_apart_and_nul_free() -> None:
     funcs = {n: 0x1000 + i for i, n in enumerate(
         ["PyGILState_Ensure", "PyRun_SimpleString", "PyGILState_Release", "Py_IsInitialized",
-         "munmap"])}
+         "munmap", "sigprocmask"])}
     data = ptrace_inject.build_region(0x7F0000000000, funcs, "A" * 5000, "B" * 3)
     size = ptrace_inject.region_size("A" * 5000, "B" * 3)
     assert size % 4096 == 0 and len(data) <= size
@@ -154,12 +160,14 @@ class _StuckThreadStart:
 
     syscall = 7
     saved = type("Saved", (), {"rax": 0})()
+    stub: int | None = None
+    sigmask = 0
 
     def __init__(self, funcs: dict[str, int]) -> None:
         self.funcs = funcs
         self.called: list[str] = []
 
-    def call(self, fn: int, *args: int, timeout: float = 5.0) -> int:
+    def call(self, fn: int, *args: int, timeout: float = 5.0, syscall: int | None = None) -> int:
         name = next(n for n, a in self.funcs.items() if a == fn)
         self.called.append(name)
         if name == "PyThread_start_new_thread":
@@ -181,7 +189,7 @@ def test_a_thread_start_that_never_returns_falls_back_to_a_pending_call() -> Non
 
     names = ["__errno_location", "PyGILState_Check", "mmap", "munmap", "PyThread_start_new_thread",
              "Py_AddPendingCall", "PyGILState_Ensure", "PyGILState_Release", "PyRun_SimpleStringFlags",
-             "Py_IsInitialized"]
+             "Py_IsInitialized", "sigprocmask"]
     funcs = {n: 0x7F1000000000 + 0x100 * i for i, n in enumerate(names)}
     tracee = _StuckThreadStart(funcs)
     target = TargetInfo(pid=os.getpid(), uid=0, state="S", tracer_pid=0, ns_pid=os.getpid(),
@@ -191,4 +199,4 @@ def test_a_thread_start_that_never_returns_falls_back_to_a_pending_call() -> Non
     ptrace_inject._borrow(tracee, target, funcs, size, "pass", "pass", outcome, 0.1)  # type: ignore[arg-type]
     assert outcome.method == "pending"
     assert outcome.helper_error is not None and "did not return" in outcome.helper_error
-    assert tracee.called[-1] == "Py_AddPendingCall"
+    assert tracee.called[-2:] == ["Py_AddPendingCall", "munmap"]  # then the stub's page

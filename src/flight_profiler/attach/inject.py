@@ -12,13 +12,16 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from flight_profiler.attach import remote_exec
 from flight_profiler.attach.methods import METHODS
 from flight_profiler.attach.outcome import Outcome
 from flight_profiler.attach.process import TargetInfo
 from flight_profiler.errors import AttachFailed, UsageError, gdb_missing, pyrasite_missing
+
+if TYPE_CHECKING:
+    from flight_profiler.attach import identity
 
 _BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "agent", "bootstrap.py")
@@ -95,7 +98,7 @@ class Injection:
 def inject(target: TargetInfo, method: str, deadline: float,
            say: Callable[[str], None] = lambda s: None) -> Injection:
     """Stage the agent and run the chosen injector once. Does not wait for the agent."""
-    from flight_profiler.attach import gdb, ptrace, pyrasite, staging
+    from flight_profiler.attach import gdb, ptrace, pyrasite
 
     gdb_path = gdb.gdb_path()
     chosen = choose_method(
@@ -113,8 +116,24 @@ def inject(target: TargetInfo, method: str, deadline: float,
         gdb_selftest.check(gdb_path, say)
         helper_path, helper_note = helper_mod.find_helper()
         say(f"helper library: {helper_path or 'none'} ({helper_note})")
+    from flight_profiler.attach import identity
+
+    # The process the pre-flight saw, pinned: after a wait for the attach lock its pid may
+    # belong to another process, root's perhaps. Nothing is staged or injected for that one.
+    with identity.Pin(target) as pin:
+        return _inject_pinned(target, chosen, deadline, say, pin, helper_path, helper_note)
+
+
+def _inject_pinned(target: TargetInfo, chosen: str, deadline: float,
+                   say: Callable[[str], None], pin: identity.Pin, helper_path: str | None,
+                   helper_note: str) -> Injection:
+    from flight_profiler.attach import gdb, pyrasite, staging
+
     staged = staging.stage(target.home, target.ns_pid, target.root, helper_path, target.pid_ns)
     say(f"agent staged at {staged.pkg}")
+    if chosen in ("gdb", "pyrasite"):
+        _seccomp_before_external_tool(target, say)
+    pin.check()  # gdb and pyrasite take the pid number: as late as possible
     base: dict[str, object] = {"pkg": staged.pkg, "log": staged.log, "deadline": deadline,
                                "version": "0.1.0", "sock": staged.sock}
     if chosen == "remote_exec":
@@ -131,7 +150,7 @@ def inject(target: TargetInfo, method: str, deadline: float,
     if chosen == "ptrace":
         from flight_profiler.attach import ptrace_inject
 
-        outcome = ptrace_inject.inject(target, foreign, pending, say)
+        outcome = ptrace_inject.inject(target, foreign, pending, say, pin=pin)
     else:
         assert target.version is not None
         outcome = gdb.inject(target.pid, target.version, staged.helper, foreign, pending)
@@ -144,3 +163,10 @@ def inject(target: TargetInfo, method: str, deadline: float,
     say(f"{chosen} returned in {outcome.elapsed:.3f}s: main thread {outcome.main_thread_state()}, "
         f"agent started by {'a new native thread' if outcome.method == 'thread' else 'a pending call'}")
     return Injection(chosen, outcome.method, outcome)
+
+
+def _seccomp_before_external_tool(target: TargetInfo, say: Callable[[str], None]) -> None:
+    """gdb and pyrasite make the same kinds of calls: the same seccomp verdict first."""
+    from flight_profiler.attach.ptrace_inject import sandbox_verdict
+
+    sandbox_verdict(target, say)
