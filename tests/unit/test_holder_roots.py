@@ -56,12 +56,16 @@ def main(tmp_path: Path) -> dict[str, Any]:
 
 
 def test_holder_in_a_functions_locals_in_the_main_thread(tmp_path):
+    # Tensors that earlier tests of this process left alive only from C++ (a graph's saved
+    # tensors: no Python holder) are rightly <unreached>; this test's own must all be reached.
+    gc.collect()
+    before = paths(census(tmp_path)).get("<unreached>", {}).get("count", 0)
     doc = main(tmp_path)
     # THEN the holder is named from main()'s local, folded over the list's indices
     h = paths(doc)[f"{__name__}.main() local trainer.history[*]"]
     assert h["count"] == 6 and h["with_grad_fn"] == 6
     assert paths(doc)[f"{__name__}.main() local trainer.model.weight"]["count"] == 1
-    assert "<unreached>" not in paths(doc)
+    assert paths(doc).get("<unreached>", {}).get("count", 0) <= before
 
 
 def test_closures_and_per_request_caches_fold_into_one_holder(tmp_path):

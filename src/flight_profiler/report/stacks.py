@@ -59,6 +59,8 @@ def frame_origin(path: str) -> str:
     if p.startswith("<") or not p:
         # <frozen importlib._bootstrap>, <built-in method ...>, <string>: not a file of the program
         return STDLIB if p.startswith(("<frozen", "<built-in")) or not p else PROGRAM
+    if "flight_profiler/workloads/" in p:
+        return PROGRAM  # the bundled sample programs stand for a user's own code
     if any(m in p for m in _LIBRARY_MARKERS) or p.startswith(("torch/", "flight_profiler/")):
         return LIBRARY
     if _STDLIB_DIR.search(p):

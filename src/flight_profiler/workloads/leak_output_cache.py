@@ -4,7 +4,7 @@
 classes) for a later plot, in a module-level dict keyed by the step number: a key that never
 repeats, so nothing is ever evicted::
 
-    _output_cache[_step] = logits[:SAMPLE].detach().clone()   # the bug: a new 64 KB tensor each step
+    _output_cache[_step] = logits[:SAMPLE].detach().clone()   # the bug: a new 256 KB tensor each step
     # the fix: bound the cache (functools.lru_cache / an OrderedDict with a max size), key it by
     # something that repeats, or do not keep device tensors at all
 
@@ -35,7 +35,7 @@ from flight_profiler.workloads._common import (
 
 LEAK_CAP_MB = 2048
 SAMPLE = 256  # rows kept per step, whatever the batch size (the GPU batch is larger)
-N_CLASSES = 64
+N_CLASSES = 256
 
 _output_cache: dict[int, torch.Tensor] = {}
 _step = 0

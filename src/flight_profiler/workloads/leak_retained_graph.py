@@ -11,7 +11,7 @@ tensor itself::
 A loss tensor that requires grad keeps its ``grad_fn``, and the graph keeps every activation saved
 for a backward pass that never comes. Measured here: each kept probe loss grew the process by
 ~635 KB (RSS; the census sees ~16 KB of it as graph tensors, the rest is held by C++), so about
-60 KB a step on average, plus one more live tensor with a grad_fn held by a list. Target: ``__main__ Trainer step`` (a class method, so that
+300 KB a step on average (a probe every 2 steps), plus one more live tensor with a grad_fn held by a list. Target: ``__main__ Trainer step`` (a class method, so that
 ``module Class method`` targets are exercised).
 
 Safety for a demo that runs forever: once the process has grown ``LEAK_CAP_MB`` (measured: RSS,
@@ -36,7 +36,7 @@ from flight_profiler.workloads._common import (
 
 LEAK_CAP_MB = 2048
 PROBE_BATCH = 4
-PROBE_EVERY = 10
+PROBE_EVERY = 2
 HIDDEN = 1024
 
 

@@ -66,6 +66,12 @@ def test_frame_origin_tells_the_program_from_the_stdlib_and_libraries() -> None:
     assert frame_origin("/srv/job/train.py") == PROGRAM
     # a user's script named like a stdlib module is the program's
     assert frame_origin("test.py") == PROGRAM and frame_origin("queue.py") == STDLIB
+    # the bundled sample programs are programs (a trace names them sys.path-relative), our
+    # agent and its staged copy are not
+    assert frame_origin("flight_profiler/workloads/tiny_ops.py") == PROGRAM
+    assert frame_origin("/repo/src/flight_profiler/workloads/tiny_ops.py") == PROGRAM
+    assert frame_origin("flight_profiler/agent/hooks.py") == LIBRARY
+    assert frame_origin("/tmp/flight_profiler-code/0.1/flight_profiler/agent/hooks.py") == LIBRARY
 
 
 def test_a_traces_user_frame_is_never_a_stdlib_wait(tmp_path: Path) -> None:
