@@ -11,7 +11,9 @@ function of its own), or nothing.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +46,11 @@ class Program:
     args: tuple[str, ...] = ()
     notes: str = ""
     methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    nproc: int = 0                         # > 0: started by torchrun with this many ranks
+
+    @property
+    def distributed(self) -> bool:
+        return self.nproc > 0
 
     def targets(self) -> dict[str, tuple[str, ...]]:
         return {"forward": self.forward, "step": self.step, "none": ()}
@@ -89,6 +96,14 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
         mistake=Expected(("grad-health",), holder="zero_grad", fix=("zero_grad",),
                          why="optimizer.zero_grad() lost: gradients accumulate"),
         notes="DataLoader with 2 workers; autocast/GradScaler enabled only on CUDA"),
+    Program(
+        "ddp_trainer", r"Epoch 1: loss",
+        forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
+        mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),
+                         why="rank 0's validation pass without torch.no_grad()"),
+        nproc=2,
+        notes="torchrun, 2 ranks on gloo; DDP(model); rank 0 validates after every epoch; "
+              "diagnosed on rank 0's pid, or the job with --all-ranks"),
 )}
 
 
@@ -182,24 +197,72 @@ def steady_dataloader_share(name: str, log: Path, timeout: float = 10.0) -> floa
 
 def start(program: Program, mistake: bool, python: str = sys.executable,
           log: Path | None = None, seconds: float = 600) -> subprocess.Popen[bytes]:
-    """Start ``program`` and return once it has logged ``program.ready``."""
-    cmd = [python, str(program.script), "--seconds", str(seconds), *program.args]
+    """Start ``program`` and return once it has logged ``program.ready``; a distributed one is
+    started by torchrun in a session of its own (stop() ends launcher and ranks together)."""
+    launcher = ([python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                 str(program.nproc)] if program.distributed else [python])
+    cmd = [*launcher, str(program.script), "--seconds", str(seconds), *program.args]
     if mistake:
         cmd.append("--mistake")
     log = log or Path(f"/tmp/{program.name}-{'mistake' if mistake else 'healthy'}.log")
     out = open(log, "wb")  # noqa: SIM115 - the child writes it as long as it lives
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=str(HERE), env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+                            cwd=str(HERE), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=program.distributed)
     out.close()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{program.name} exited: {log.read_text(errors='replace')[-2000:]}")
-        if re.search(program.ready, log.read_text(errors="replace")):
+        if re.search(program.ready, log.read_text(errors="replace")) and (
+                not program.distributed or len(rank_pids(proc.pid)) == program.nproc):
             return proc
         time.sleep(0.05)
-    proc.kill()
+    stop(proc)
     raise RuntimeError(f"{program.name} never logged {program.ready!r}")
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the torchrun ``launcher``'s ranks (its children with RANK set)."""
+    ranks: dict[int, int] = {}
+    try:
+        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    except OSError:
+        return ranks
+    for child in children:
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for var in env:
+            if var.startswith(b"RANK="):
+                ranks[int(var[5:])] = int(child)
+    return ranks
+
+
+def target_pid(program: Program, proc: subprocess.Popen[bytes]) -> int:
+    """The pid a user diagnoses: the program's, or rank 0's of a distributed one."""
+    return rank_pids(proc.pid)[0] if program.distributed else proc.pid
+
+
+def alive(program: Program, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the program (every rank of a distributed one) still runs."""
+    if proc.poll() is not None:
+        return False
+    return not program.distributed or len(rank_pids(proc.pid)) == program.nproc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the program: a torchrun job's whole session (launcher and ranks), else the process."""
+    if proc.poll() is None:
+        try:
+            if os.getsid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def diagnose(pid: int, target: tuple[str, ...], out: Path, extra: tuple[str, ...] = (),
