@@ -27,6 +27,8 @@ class Loop:
     dataloader_us: float = 0.0  # next() per step
     cut_dataloader_us: float = 0.0  # a next() still waiting when the profiler stopped
     eval_forward: bool = False  # a forward with grad on after the step, used by no backward
+    eval_every: int = 1  # ... after every N-th step only (a validation pass once an epoch)
+    eval_nodes: int = 8  # graph nodes that forward builds
     leak_per_step: int = 0  # bytes kept per step ([memory] events)
     forward_memory: int = 0  # bytes a forward allocates and its backward frees
     per_call: bool = False  # ProfilerStep sessions around each forward only (method mode)
@@ -117,12 +119,12 @@ def write(loop: Loop, path: Path) -> Path:
             addr += 1
             allocated += loop.leak_per_step
             _mem(loop, t, allocated, loop.leak_per_step, addr)
-        if loop.eval_forward and not loop.per_call:
-            for k in range(8):
+        if loop.eval_forward and not loop.per_call and (s + 1) % loop.eval_every == 0:
+            for k in range(loop.eval_nodes):
                 seq += 1
                 _x(loop, "cpu_op", "aten::linear", t + 5 + 60 * k, 50,
                    {"Sequence number": seq, "Fwd thread id": 0})
-            t += 500
+            t += 60 * loop.eval_nodes + 20
         t = max(t, first + (s + 1) * loop.step_us)
     if loop.cut_dataloader_us:
         _x(loop, "user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
