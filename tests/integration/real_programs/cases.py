@@ -53,7 +53,14 @@ class Program:
         return self.nproc > 0
 
     def targets(self) -> dict[str, tuple[str, ...]]:
-        return {"forward": self.forward, "step": self.step, "none": ()}
+        """How users point diagnose at it; a distributed job also as a whole (--all-ranks)."""
+        out = {"forward": self.forward, "step": self.step, "none": ()}
+        if self.distributed:
+            out["all-ranks"] = ()
+        return out
+
+    def options(self, method: str) -> tuple[str, ...]:
+        return ("--all-ranks",) if method == "all-ranks" else ()
 
     @property
     def script(self) -> Path:
@@ -105,6 +112,19 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
         notes="torchrun, 2 ranks on gloo; DDP(model); rank 0 validates after every epoch; "
               "diagnosed on rank 0's pid, or the job with --all-ranks"),
 )}
+
+
+def failed_phases(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(phase, reason) of the phases that failed or timed out: of the diagnosis, or of every
+    rank's in a job's document (which names only each phase's status)."""
+    if "ranks" in doc:
+        return [(f"rank {r}: {name}", status) for r, rank in sorted(doc["ranks"].items())
+                for name, status in (rank.get("phases") or {}).items()
+                if status in ("failed", "timed_out")] + [
+                    (f"rank {r}", str(rank["error"])) for r, rank in sorted(doc["ranks"].items())
+                    if rank.get("error")]
+    return [(p["name"], p["reason"]) for p in doc.get("phases", [])
+            if p["status"] in ("failed", "timed_out")]
 
 
 def finding_text(finding: dict[str, Any]) -> str:

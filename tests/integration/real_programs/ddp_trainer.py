@@ -101,9 +101,9 @@ def train(model, train_loader, val_loader, optimizer, rank, args, deadline):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--log-interval", type=int, default=20)
+    parser.add_argument("--log-interval", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--mistake", action="store_true")
     args = parser.parse_args()
