@@ -269,7 +269,18 @@ def alive(program: Program, proc: subprocess.Popen[bytes]) -> bool:
     """Whether the program (every rank of a distributed one) still runs."""
     if proc.poll() is not None:
         return False
-    return not program.distributed or len(rank_pids(proc.pid)) == program.nproc
+    if not program.distributed:
+        return True
+    ranks = rank_pids(proc.pid)
+    return len(ranks) == program.nproc and all(_running(pid) for pid in ranks.values())
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
