@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 import time
 from typing import Any
 
@@ -159,12 +160,17 @@ def fake_cuda(monkeypatch):
 
     def record(enabled: Any = "all", **kwargs: Any) -> None:
         state["calls"].append((enabled, kwargs))
+        state.setdefault("threads", []).append(threading.current_thread().name)
         state["history"] = enabled is not None
         if enabled is not None:  # what the allocator then records happens after this moment
             state["t0"] = time.time() * 1e6
 
     def snapshot() -> dict[str, Any]:
-        return fake_cuda_snapshot(state["history"], state.get("t0", time.time() * 1e6))
+        snap = fake_cuda_snapshot(state["history"], state.get("t0", time.time() * 1e6))
+        if "call_times" in state and state["history"]:  # one allocation in each call made since
+            first, *rest = snap["device_traces"][0]
+            snap["device_traces"][0] = [{**first, "time_us": t} for t in state["call_times"]] + rest
+        return snap
 
     monkeypatch.setattr(cuda.memory, "_record_memory_history", record)
     monkeypatch.setattr(cuda.memory, "_snapshot", snapshot)
@@ -198,12 +204,24 @@ def test_cuda_history_on_off(fake_cuda):
 def test_cuda_record_enables_then_restores_history(fake_cuda, work, tmp_path):
     path = tmp_path / "cuda-rec.pickle"
     i = iter(range(10**6))
+    step = work.train_step
+
+    def train_step(n: int) -> Any:  # what the fake allocator records happens during the call
+        if fake_cuda["history"]:
+            fake_cuda.setdefault("call_times", []).append(time.time() * 1e6)
+        return step(n)
+
+    work.train_step = train_step
     result, _ = run_handler(
         "torch memory",
         {"mode": "record", "target": spec(work.__name__, "train_step"), "calls": 1, "path": str(path)},
         drive=lambda: work.train_step(next(i)),
     )
     assert [c[0] for c in fake_cuda["calls"]] == ["all", None]  # on around the call, then off
+    # both in the agent's thread: torch keeps history's annotation callback in the thread that
+    # enabled it (enabled in the target's, disabled in the agent's, torch printed "Requested
+    # callback is not found" into the target's stderr on an H100)
+    assert fake_cuda["threads"] == ["fp-test-agent", "fp-test-agent"]
     snap = load_plain(path)
     check_schema(snap, "cuda")
     # the entry from before the recording window (time_us 1.0) was trimmed away

@@ -94,6 +94,42 @@ def find_optimizers(torch: Any, param_owner: dict[int, int], module_ids: list[se
     return out
 
 
+def find_grad_scalers(torch: Any) -> list[Any]:
+    """Enabled AMP GradScalers alive in the target: gradients read between backward() and the
+    scaler's unscale_ are multiplied by its scale (65536 to start), so their norms say nothing
+    about explosion without it."""
+    types = tuple(t for t in (getattr(getattr(torch, "amp", None), "GradScaler", None),
+                              getattr(getattr(getattr(torch, "cuda", None), "amp", None), "GradScaler", None))
+                  if isinstance(t, type))
+    if not types:
+        return []
+    memo: dict[type, bool] = {}
+    out = []
+    for o in gc.get_objects():
+        t = type(o)
+        hit = memo.get(t)
+        if hit is None:
+            hit = memo[t] = issubclass(t, types)
+        if hit:
+            try:
+                if o.is_enabled():
+                    out.append(o)
+            except Exception:  # a half-built scaler
+                continue
+    return out
+
+
+def grad_scales(scalers: list[Any]) -> list[float]:
+    """Each scaler's current scale (a float; its scale tensor may not exist before the first step)."""
+    out = []
+    for s in scalers:
+        try:
+            out.append(float(s.get_scale()))
+        except Exception:
+            continue
+    return out
+
+
 def watch_summary(watch: OptimWatch | None, optimizers: list[dict[str, Any]],
                   model_ids: list[set[int]]) -> dict[str, Any]:
     """Counts per optimizer and per model (module.zero_grad on the root or any submodule)."""

@@ -209,3 +209,50 @@ def test_looking_at_a_long_chain_leaves_it_safe_to_free(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("freed"), (proc.returncode, proc.stderr[-500:])
     assert "'chained': True" in proc.stdout
+
+
+def _amp_doc(norms: list[float], scales: list[float] | None, bad_grad_at: int | None = None) -> dict:
+    measurements = []
+    for k, v in enumerate(norms):
+        row = [v, v, 0, 0, 1.0] if k != bad_grad_at else ["inf", "inf", 0, 2, 1.0]
+        m: dict = {"models": [{"grad_norm": v if k != bad_grad_at else "inf", "layers": [row],
+                               "weight_norms": [1.0]}]}
+        if scales is not None:
+            m["grad_scales"] = scales
+        measurements.append(m)
+    return {"models": [{"name": "net", "class": "Net", "numel": 10, "layers": [{"name": "fc.weight"}]}],
+            "measurements": measurements, "zeroing": {"observed": False}}
+
+
+def test_norms_read_under_an_amp_grad_scaler_are_not_an_explosion():
+    from flight_profiler.report.rules.grad_health import findings_for
+
+    # what an H100 run of a healthy AMP classifier measured: scaled (x65536) and unscaled reads
+    norms = [1.844e4, 0.1795, 5772.0]
+    unscaled = findings_for(_amp_doc(norms, None), "g.json")
+    assert [f.metrics["pattern"] for f in unscaled] == ["exploding"]  # the old verdict, scale unknown
+    assert findings_for(_amp_doc(norms, [65536.0]), "g.json") == []
+    # a real explosion still shows through the scale
+    (f,) = findings_for(_amp_doc([2e8, 3e8, 9e8], [65536.0]), "g.json")
+    assert f.metrics["pattern"] == "exploding" and any("GradScaler" in e for e in f.evidence)
+
+
+def test_an_overflowed_gradient_under_a_grad_scaler_is_info():
+    from flight_profiler.report.rules.grad_health import findings_for
+
+    (f,) = findings_for(_amp_doc([0.2, 0.3, 0.2], [65536.0], bad_grad_at=1), "g.json")
+    assert f.metrics["pattern"] == "non-finite" and f.severity == "info" and "skips" in f.root_cause
+    (g,) = findings_for(_amp_doc([0.2, 0.3, 0.2], None, bad_grad_at=1), "g.json")
+    assert g.severity == "critical"
+
+
+def test_torch_grads_reads_the_scale_of_a_live_grad_scaler():
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(net(torch.randn(3, 4)).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    result, _ = run_handler("torch grads", {"calls": 2, "interval": 0.05})
+    assert all(m.get("grad_scales") == [1024.0] for m in result["measurements"]), result["measurements"]
+    del scaler, opt, net

@@ -38,6 +38,7 @@ class _Run:
         self.names: list[str] = []
         self.described: list[dict[str, Any]] = []
         self.optimizers: list[dict[str, Any]] = []
+        self.scalers: list[Any] = []
         self.model_ids: list[set[int]] = []
         self.measurements: list[dict[str, Any]] = []
         self.call_cost: graph_cost.CallGraphCost | None = None
@@ -86,13 +87,17 @@ class _Run:
                 owner.update((id(p), index) for _, p in params)
                 self.model_ids.append({id(m) for m in module.modules()})
             self.optimizers = optim_watch.find_optimizers(torch, owner, self.model_ids)
+            self.scalers = optim_watch.find_grad_scalers(torch)
         self.measurements.append({
             "time": time.time(), "call": call,
             "models": [grad_stats.measure(torch, params) for _, params in self.models],
         })
+        if self.scalers:
+            self.measurements[-1]["grad_scales"] = optim_watch.grad_scales(self.scalers)
 
     def release(self) -> None:
         self.models = None
+        self.scalers = []
 
 
 def handle_grads(ctx: Context) -> dict[str, Any]:

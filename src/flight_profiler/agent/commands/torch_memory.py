@@ -251,19 +251,24 @@ def _record_cuda(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, tim
     was_recording = memory_snapshot.has_stacks(plain(memory._snapshot()))
 
     def start(index: int) -> None:
-        if "start" not in window:
-            window["start"] = time.time() * 1e6
-            if not was_recording:
-                memory._record_memory_history(enabled="all", max_entries=max_entries)
+        window.setdefault("start", time.time() * 1e6)
 
     def stop(index: int) -> None:
         window["end"] = time.time() * 1e6
 
+    # History is switched on and off here, in this request's thread, never from the hook in the
+    # target's thread: torch registers its annotation callback thread-locally in the thread that
+    # enables history, so enabling it in the target's thread left a callback on that thread and
+    # made torch print "Requested callback is not found" into the target's stderr when another
+    # thread disabled it (seen on an H100, torch 2.11). The entries before the first call are
+    # trimmed below.
+    if not was_recording:
+        memory._record_memory_history(enabled="all", max_entries=max_entries)
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, start, stop, what="memory recording")
         snap = memory_snapshot.cuda_snapshot(torch, label)
     finally:
-        if not was_recording and "start" in window:
+        if not was_recording:
             memory._record_memory_history(enabled=None)
     memory_snapshot.trim_traces(snap, window.get("start", 0.0), window.get("end", time.time() * 1e6))
     snap["flight_profiler"]["calls"] = info["calls_recorded"]

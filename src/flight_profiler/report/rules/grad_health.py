@@ -40,6 +40,12 @@ def _first_nonfinite(doc: dict[str, Any], index: int) -> tuple[int, str, str] | 
     return None
 
 
+def _grad_scale(doc: dict[str, Any]) -> float | None:
+    """The largest loss scale of an enabled AMP GradScaler seen during the measurements, if any."""
+    scales = [v for m in doc["measurements"] for v in (m.get("grad_scales") or []) if finite(v) and v > 0]
+    return max(scales) if scales else None
+
+
 def _zeroing(doc: dict[str, Any], index: int) -> tuple[bool | None, list[str]]:
     """True: zeroed; False: steps seen and no zero_grad at all; None: not observed."""
     z = doc.get("zeroing") or {}
@@ -84,10 +90,17 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
         b > a for a, b in zip(good, good[1:]))
     # Accumulated grads grow about linearly with the steps since the last zeroing; explosions
     # multiply. Unobserved, only growth short of the explosion ratio reads as accumulation.
-    surging = bool(good) and good[0] > 0 and max(good) / good[0] >= T.grad_norm_growth_ratio
-    accumulating = zeroed is False or (zeroed is None and rising and not surging and good[0] > 0
-                                       and good[-1] >= T.grad_accumulation_ratio * good[0])
-    exploding = bool(good) and (max(good) >= T.grad_norm_exploding or surging)
+    # With an enabled GradScaler, a norm read between backward() and unscale_ is the true one
+    # times the scale (65536 to start) and one read after it is not: neither their ratios nor their
+    # rise mean anything, and only a norm past the line times the scale is an explosion.
+    scale = _grad_scale(doc)
+    surging = scale is None and bool(good) and good[0] > 0 and max(good) / good[0] >= T.grad_norm_growth_ratio
+    accumulating = zeroed is False or (zeroed is None and scale is None and rising and not surging
+                                       and good[0] > 0 and good[-1] >= T.grad_accumulation_ratio * good[0])
+    exploding = bool(good) and (max(good) >= T.grad_norm_exploding * (scale or 1.0) or surging)
+    scaled_note = ([f"an enabled AMP GradScaler (scale up to {scale:g}) multiplies gradients until "
+                    "unscale_: norms are shown as read, and judged against the line times the scale"]
+                   if scale is not None else [])
     first = _first_nonfinite(doc, index)
     if accumulating:
         cause = ("optimizer.step() runs but zero_grad() is never called (neither the optimizer's nor "
@@ -99,7 +112,7 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
             rule="grad-health", severity="critical" if zeroed is False else "warning",
             title=f"gradients of {model['name']} accumulate across steps (zero_grad not called)",
             summary=f"Gradient norm over {len(norms)} measurements: {shown}.",
-            evidence=[f"grad norm per measurement: {shown}", *zero_evidence],
+            evidence=[f"grad norm per measurement: {shown}", *zero_evidence, *scaled_note],
             where=where, root_cause=cause,
             fix=[ZERO_GRAD_FIX, "Or `model.zero_grad(set_to_none=True)` at the start of each step."],
             inputs=[name], metrics={"pattern": "grads-accumulating", "model": model["name"],
@@ -110,7 +123,8 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
             title=f"gradient norm of {model['name']} explodes (max {_fmt(max(good))})",
             summary=f"Total gradient norm (as clip_grad_norm_ computes it): {shown}.",
             evidence=[f"grad norm per measurement: {shown}",
-                      f"thresholds: >= {T.grad_norm_exploding:g}, or x{T.grad_norm_growth_ratio:g} within the window"],
+                      f"thresholds: >= {T.grad_norm_exploding:g}, or x{T.grad_norm_growth_ratio:g} within the window",
+                      *scaled_note],
             where=where, root_cause="Updates scale with the gradient: too high a learning rate, no clipping, "
                                     "or unnormalised inputs/targets make it grow step after step.",
             fix=["Clip: `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)` between "
@@ -127,6 +141,13 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
             cause = (f"the first non-finite {what} is in {layer} (module order); upstream of it the values were "
                      "finite: a NaN/Inf input, a log/sqrt/div of zero or negative values, or an overflow in "
                      "low precision there")
+        # An enabled GradScaler finds overflowed gradients itself, skips that step and lowers its
+        # scale: a transient Inf/NaN gradient is how AMP works, not a fault; weights are.
+        overflow_skipped = scale is not None and what == "gradient" and not accumulating and not exploding
+        if overflow_skipped:
+            cause = ("an enabled GradScaler skips a step whose scaled gradients overflow and lowers its "
+                     "scale; this is a fault only if it keeps happening (the scale collapsing) or reaches "
+                     "the weights")
         anomaly = (doc.get("anomaly") or {}).get("first")
         found_by_anomaly = []
         if isinstance(anomaly, dict):
@@ -138,14 +159,14 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
             if stack:
                 where = [*where, f"forward call: {stack[-1]}"]
         out.append(Finding(
-            rule="grad-health", severity="critical",
+            rule="grad-health", severity="info" if overflow_skipped else "critical",
             title=f"non-finite {what}s in {model['name']}, first in {layer}",
             summary=(f"Measurement {k + 1} of {len(norms)}: the first parameter (in module order) with a "
                      f"NaN/Inf {what} is {layer}. Gradient norms: {shown}."),
             evidence=[f"grad norm per measurement: {shown}",
                       *(f"measurement {j + 1}: {m['models'][index].get('nonfinite_grad_layers', 0)} layers with "
                         f"non-finite grads, {m['models'][index].get('nonfinite_weight_layers', 0)} with non-finite "
-                        "weights" for j, m in enumerate(doc["measurements"]))][:8] + found_by_anomaly,
+                        "weights" for j, m in enumerate(doc["measurements"]))][:8] + found_by_anomaly + scaled_note,
             where=[*where, f"parameter {layer}"], root_cause=cause,
             fix=[*([ZERO_GRAD_FIX] if accumulating else []),
                  "Find the operation: `flight_profiler PID --cmd \"torch anomaly MODULE [CLASS] METHOD -n 1\"` "
