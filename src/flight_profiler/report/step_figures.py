@@ -18,6 +18,7 @@ it returns) cannot say whether a backward comes later.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 from flight_profiler.report.attribution import attribute
@@ -92,6 +93,25 @@ def dataloader_waits(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, f
     if steps:
         out["per_step_pct"] = [_pct(w, d) for w, (_, _, d) in zip(per_step, steps)][:MAX_PER_STEP]
     return out
+
+
+def in_dataloader(raw: RawTrace) -> Callable[[int, float], bool]:
+    """Whether (thread, t) is inside a DataLoader `next()` of that thread: a Dataset's
+    `__getitem__` run in the loop's own process (num_workers=0) issues its per-sample indexing
+    there, which is the loader's cost (dataloader-bottleneck), not a loop of the program's."""
+    spans: dict[int, tuple[list[float], list[float]]] = {}
+    for key, ts, dur in sorted(raw.dataloader):
+        starts, ends = spans.setdefault(key, ([], []))
+        starts.append(ts)
+        ends.append(ts + dur)
+
+    def inside(key: int, t: float) -> bool:
+        own = spans.get(key)
+        if own is None:
+            return False
+        i = bisect_right(own[0], t) - 1
+        return i >= 0 and t <= own[1][i]
+    return inside
 
 
 def user_frames(index: CallerIndex, key: int, t: float) -> list[str]:

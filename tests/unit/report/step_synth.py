@@ -34,6 +34,7 @@ class Loop:
     per_call: bool = False  # ProfilerStep sessions around each forward only (method mode)
     python_tiny_ops: int = 0  # outermost tiny ops per step, issued from Python ...
     tiny_ops_frame: str = "train.py(30): smooth"  # ... by this frame (the program's loop)
+    tiny_ops_in_loader: bool = False  # ... inside a DataLoader next() (a Dataset's __getitem__)
     nested_tiny_ops: int = 0  # tiny ops per forward inside one library operator
     step_us: float = 10_000.0  # at least this long (idle padding)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -104,6 +105,9 @@ def write(loop: Loop, path: Path) -> Path:
                 # next session reports still holds the freed forward outputs.
                 t += 1520
             del start
+        if loop.python_tiny_ops and loop.tiny_ops_in_loader:
+            _x(loop, "user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+               t - 1, 10.0 * loop.python_tiny_ops + 3)
         if loop.python_tiny_ops:
             _x(loop, "python_function", loop.tiny_ops_frame, t, 10.0 * loop.python_tiny_ops)
         for j in range(loop.python_tiny_ops):

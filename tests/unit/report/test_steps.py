@@ -160,6 +160,16 @@ def test_tiny_ops_inside_a_library_operator_are_info_and_from_the_loop_a_warning
     assert k.severity == "warning" and k.cost is not None and k.cost.pct < 5
 
 
+def test_tiny_ops_of_a_dataset_inside_the_dataloader_are_no_loop_to_vectorise(tmp_path: Path) -> None:
+    # GIVEN 260 a step issued by the program's Dataset inside a DataLoader next() in the loop's
+    # own process (num_workers=0, `self.x[i]` per sample: a DDP tutorial's synthetic dataset):
+    # the loader's cost, which dataloader-bottleneck judges, no loop of the program's to vectorise
+    _, findings = _analyze(tmp_path, Loop(steps=6, python_tiny_ops=260, step_us=120_000,
+                                          tiny_ops_in_loader=True,
+                                          tiny_ops_frame="ddp_trainer.py(37): __getitem__"))
+    assert [f.severity for f in _rules(findings, "launch-overhead")] in ([], ["info"])
+
+
 def test_the_agents_own_frames_are_never_the_programs_line() -> None:
     # The agent's hook wrapper and its staged modules sit between the program's lines and the
     # hooked method while the window marks the calls: "where" must skip them.
