@@ -179,13 +179,15 @@ def judge(program: Program, mistake: bool, result: dict[str, Any],
 
 _AMP_LINE = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/\d+\]\s+Time\s+\S+\s+\(\s*([\d.]+)\)\s+"
                        r"Data\s+\S+\s+\(\s*([\d.]+)\)")
+_DDP_EPOCH = re.compile(r"Epoch \d+: .*\(time ([\d.]+)s, data ([\d.]+)s\)")
 _DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 
 
 def own_dataloader_share(name: str, log: str) -> float | None:
     """The DataLoader's share of the loop (%) as the program itself measured it, with no tool
     attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
-    cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations)."""
+    cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations; ddp_trainer:
+    rank 0's last epoch, its training and validation loaders' waits over the epoch)."""
     if name == "amp_classifier":
         rows = [(int(e), int(i) + 1, float(t), float(d)) for e, i, t, d in _AMP_LINE.findall(log)]
         if len(rows) < 2 or rows[-1][0] != rows[-2][0]:
@@ -193,6 +195,12 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         (_, n1, t1, d1), (_, n2, t2, d2) = rows[-2], rows[-1]
         batch = t2 * n2 - t1 * n1
         return round(100.0 * (d2 * n2 - d1 * n1) / batch, 2) if batch > 0 else None
+    if name == "ddp_trainer":
+        # rank 0's last epoch: its train and validation loaders' waits over the epoch's time
+        epochs = _DDP_EPOCH.findall(log)
+        if not epochs or float(epochs[-1][0]) <= 0:
+            return None
+        return round(100.0 * float(epochs[-1][1]) / float(epochs[-1][0]), 2)
     if name == "dcgan":
         # the first line's interval holds the workers' start (the first batch's wait): not steady
         rows = [(int(i), float(d), float(t)) for i, d, t in _DCGAN_LINE.findall(log) if int(i) > 20]
@@ -205,7 +213,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
 def steady_dataloader_share(name: str, log: Path, timeout: float = 10.0) -> float | None:
     """own_dataloader_share once the program has logged a steady interval (None for programs
     without meters, or none logged within ``timeout``)."""
-    if name not in ("amp_classifier", "dcgan"):
+    if name not in ("amp_classifier", "dcgan", "ddp_trainer"):
         return None
     deadline = time.monotonic() + timeout
     while True:

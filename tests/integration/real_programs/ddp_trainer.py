@@ -52,22 +52,29 @@ class Net(nn.Module):
 
 
 def evaluate(model, loader, mistake):
+    """Accuracy on the validation set, and the seconds spent waiting for its batches."""
     model.eval()
     correct = total = 0
+    data_time = 0.0
+    end = time.time()
     if mistake:
         # the mistake: no torch.no_grad(), so autograd records every batch for nothing
         for x, y in loader:
+            data_time += time.time() - end
             out = model(x)
             correct += (out.argmax(1) == y).sum().item()
             total += len(y)
+            end = time.time()
     else:
         with torch.no_grad():
             for x, y in loader:
+                data_time += time.time() - end
                 out = model(x)
                 correct += (out.argmax(1) == y).sum().item()
                 total += len(y)
+                end = time.time()
     model.train()
-    return correct / max(total, 1)
+    return correct / max(total, 1), data_time
 
 
 def train(model, train_loader, val_loader, optimizer, rank, args, deadline):
@@ -77,8 +84,10 @@ def train(model, train_loader, val_loader, optimizer, rank, args, deadline):
         train_loader.sampler.set_epoch(epoch)
         model.train()
         epoch_loss = 0.0
-        start = time.time()
+        data_time = 0.0  # waiting for batches, as pytorch/examples' imagenet meters it
+        start = end = time.time()
         for batch_idx, (data, target) in enumerate(train_loader):
+            data_time += time.time() - end
             optimizer.zero_grad()
             output = model(data)
             loss = F.cross_entropy(output, target)
@@ -88,14 +97,18 @@ def train(model, train_loader, val_loader, optimizer, rank, args, deadline):
             if batch_idx % args.log_interval == 0 and rank == 0:
                 print(f"Train Epoch: {epoch} [{batch_idx:3d}/{len(train_loader)}]\t"
                       f"Loss: {loss.item():.6f}", flush=True)
+            end = time.time()
         # the epoch's mean loss over every rank, for the log, and whether any rank is out of time
         stats = torch.tensor([epoch_loss / len(train_loader), float(time.time() > deadline)])
         dist.all_reduce(stats, op=dist.ReduceOp.SUM)
         stop = stats[1].item() > 0
         if rank == 0:
-            acc = evaluate(model, val_loader, args.mistake)
+            acc, val_data_time = evaluate(model, val_loader, args.mistake)
+            data_time += val_data_time
+        if rank == 0:
             print(f"Epoch {epoch}: loss {stats[0].item() / dist.get_world_size():.4f} "
-                  f"val acc {acc:.3f} ({time.time() - start:.2f}s)", flush=True)
+                  f"val acc {acc:.3f} (time {time.time() - start:.3f}s, data {data_time:.3f}s)",
+                  flush=True)
         epoch += 1
 
 
