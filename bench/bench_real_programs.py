@@ -31,13 +31,14 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--program", action="append", choices=sorted(cases.PROGRAMS))
     ap.add_argument("--variant", action="append", choices=("healthy", "mistake"))
-    ap.add_argument("--method", action="append", choices=("forward", "step", "none"))
+    ap.add_argument("--method", action="append", choices=("forward", "step", "none", "all-ranks"),
+                    help="all-ranks: the job as a whole (distributed programs only)")
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--calls", type=int, default=10)
     args = ap.parse_args()
     programs = args.program or sorted(cases.PROGRAMS)
     variants = args.variant or ["healthy", "mistake"]
-    methods = args.method or ["forward", "step", "none"]
+    methods = args.method or ["forward", "step", "none", "all-ranks"]
     right = total = 0
     rows: list[str] = []
     with tempfile.TemporaryDirectory(prefix="fp-bench-real-") as tmp:
@@ -46,6 +47,8 @@ def main() -> int:
             for variant in variants:
                 mistake = variant == "mistake"
                 for method in methods:
+                    if method not in program.targets():
+                        continue
                     target = program.targets()[method]
                     for run in range(args.repeat):
                         out = Path(tmp) / f"{name}-{variant}-{method}-{run}"
@@ -54,16 +57,19 @@ def main() -> int:
                         own = cases.steady_dataloader_share(name, log)
                         try:
                             code, doc, seconds = cases.diagnose(
-                                proc.pid, target, out,
-                                ("--duration", str(args.duration), "--calls", str(args.calls)))
-                            alive = proc.poll() is None
+                                cases.target_pid(program, proc), target, out,
+                                ("--duration", str(args.duration), "--calls", str(args.calls),
+                                 *program.options(method)))
+                            alive = cases.alive(program, proc)
                         finally:
-                            proc.kill()
-                            proc.wait()
+                            cases.stop(proc)
+                        failed = cases.failed_phases(doc) if "error" not in doc else []
                         if "error" in doc:
                             ok, why = False, f"exit {code}: {doc['error'][-300:]}"
                         else:
                             ok, why = cases.judge(program, mistake, doc, own)
+                        if failed:
+                            ok, why = False, f"phases failed: {failed}; " + why
                         if not alive:
                             ok, why = False, "THE PROGRAM DIED: " + why
                         step = doc.get("step") or doc.get("diagnose", {}).get("step") or "-"

@@ -575,3 +575,31 @@ def test_the_dataloader_share_timed_without_the_profiler_decides(options: Diagno
     (f,) = [f for f in run_diagnosis(driver, options).report.findings
             if f.rule == "dataloader-bottleneck"]
     assert f.severity == "critical" and "timed without the profiler" in f.evidence[0]
+
+
+def test_a_job_report_takes_each_ranks_timed_dataloader_share(options: DiagnoseOptions) -> None:
+    # GIVEN a rank whose profile puts 25 % of its steps in next() (a validation loader's
+    # batches in the window, slowed by the profiler), while its loop's next() calls, timed,
+    # take 3 %: its own report says nothing (test above)
+    from flight_profiler.diagnose.evidence import merge_rank_loader
+    from flight_profiler.report import analyze
+
+    driver = FakeDriver(overrides={"torch dataloader": lambda w, e: training_samples(w, e, 0.03),
+                                   "torch profile": window_profile({"steps": 6, "dataloader_us": 2500})})
+    result = run_diagnosis(driver, options)
+    profile = str(Path(options.out_dir) / "profile.json.gz")
+    # WHEN the job's report is made from the ranks' files (diagnose --all-ranks)
+    job = analyze([profile])
+    assert [f for f in job.findings if f.rule == "dataloader-bottleneck"]  # the trace alone says so
+    merged = merge_rank_loader(result, job.findings, 0)
+    # THEN the rank's timed share decides there too
+    assert not [f for f in merged if f.rule == "dataloader-bottleneck"]
+    assert [f.rule for f in merged] == [f.rule for f in job.findings if f.rule != "dataloader-bottleneck"]
+    # and a rank whose timed share is high keeps a finding that says its rank and how it was timed
+    driver = FakeDriver(overrides={"torch dataloader": lambda w, e: training_samples(w, e, 0.3),
+                                   "torch profile": window_profile({"steps": 6, "dataloader_us": 2500})})
+    result = run_diagnosis(driver, options)
+    (f,) = [f for f in merge_rank_loader(result, analyze([profile]).findings, 1)
+            if f.rule == "dataloader-bottleneck"]
+    assert f.ranks == [1] and "timed without the profiler" in f.evidence[0]
+    assert any(line.startswith("in the profile: ") for line in f.evidence)

@@ -323,6 +323,7 @@ def _quiet(_: str) -> None:
 def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | None, calls: int,
                  duration: float, timeout: float, attach_timeout: float,
                  say: Callable[[str], None] = _quiet) -> JobDiagnosis:
+    from flight_profiler.diagnose.evidence import merge_rank_loader
     from flight_profiler.rank_list import format_ranks
     from flight_profiler.render.formats import write_report
     from flight_profiler.report import analyze
@@ -356,6 +357,10 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
         if files:
             say(f"the job report from {len(files)} file(s)")
             job.report = analyze(files)
+            for r in job.rank_results:  # each rank's timed DataLoader share decides for it
+                if r.ok and r.result is not None:
+                    job.report.findings = merge_rank_loader(r.result["diagnosis"],
+                                                            job.report.findings, r.rank)
             for f in job.report.findings:
                 if f.ranks is None:  # in a job report every finding says its ranks: [] = all
                     f.ranks = []

@@ -18,6 +18,7 @@ it returns) cannot say whether a backward comes later.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 from flight_profiler.report.attribution import attribute
@@ -94,6 +95,25 @@ def dataloader_waits(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, f
     return out
 
 
+def in_dataloader(raw: RawTrace) -> Callable[[int, float], bool]:
+    """Whether (thread, t) is inside a DataLoader `next()` of that thread: a Dataset's
+    `__getitem__` run in the loop's own process (num_workers=0) issues its per-sample indexing
+    there, which is the loader's cost (dataloader-bottleneck), not a loop of the program's."""
+    spans: dict[int, tuple[list[float], list[float]]] = {}
+    for key, ts, dur in sorted(raw.dataloader):
+        starts, ends = spans.setdefault(key, ([], []))
+        starts.append(ts)
+        ends.append(ts + dur)
+
+    def inside(key: int, t: float) -> bool:
+        own = spans.get(key)
+        if own is None:
+            return False
+        i = bisect_right(own[0], t) - 1
+        return i >= 0 and t <= own[1][i]
+    return inside
+
+
 def user_frames(index: CallerIndex, key: int, t: float) -> list[str]:
     """The program's own frames open at (thread, t), innermost first, as file:line (function)
     (torch's Python frames are named by their function's first line)."""
@@ -114,6 +134,23 @@ def user_frames(index: CallerIndex, key: int, t: float) -> list[str]:
     return out
 
 
+def _longest_unused_run(order: list[tuple[float, int]], unused: dict[int, Any]) -> int:
+    """The most graph nodes built one after another, none of them used by a backward: a whole
+    forward pass nobody differentiates (an evaluation once an epoch is one such run however many
+    training steps dilute it), where a graph carried into the next step is a few nodes at a time."""
+    best = run = 0
+    counted: set[int] = set()
+    for _ts, seq in sorted(order):
+        if seq not in unused:
+            run = 0
+            counted.clear()
+        elif seq not in counted:  # one node may be recorded by nested ops (linear > addmm)
+            counted.add(seq)
+            run += 1
+            best = max(best, run)
+    return best
+
+
 def unused_graph_nodes(raw: RawTrace, index: CallerIndex, model: StepModel) -> dict[str, Any]:
     """Graphs built in whole steps (but the last) and used by no backward; {} if not judged."""
     if model.region or not model.steps:
@@ -126,10 +163,12 @@ def unused_graph_nodes(raw: RawTrace, index: CallerIndex, model: StepModel) -> d
     used = raw.bwd_seqs
     seen: set[int] = set()
     unused: dict[int, tuple[int, float, int]] = {}  # seq -> (thread, ts, name id)
+    order: list[tuple[float, int]] = []  # (ts, seq) of every model node, for the bursts below
     for seq, ts, key, nid in zip(raw.fwd_seq, raw.fwd_ts, raw.fwd_key, raw.fwd_name):
         if not lo <= ts < hi or seq < 0:
             continue
         seen.add(seq)
+        order.append((ts, seq))
         if seq not in used and seq not in unused:
             unused[seq] = (key, ts, nid)
     if not seen:
@@ -147,6 +186,7 @@ def unused_graph_nodes(raw: RawTrace, index: CallerIndex, model: StepModel) -> d
     return {
         "judged_steps": len(judged), "model_nodes": len(seen), "unused_nodes": len(unused),
         "unused_per_step": round(len(unused) / len(judged), 1),
+        "longest_unused_run": _longest_unused_run(order, unused),
         "unused_ops": [{"name": k, "calls": v} for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:5]],
         "unused_where": [{"where": k, "share": round(v / len(sample), 3)}
                          for k, v in sorted(places.items(), key=lambda kv: -kv[1])[:3]],

@@ -33,7 +33,12 @@ from flight_profiler.report.stacks import (
     is_user_frame,
     operator_self_times,
 )
-from flight_profiler.report.step_figures import EDGE_US, dataloader_waits, unused_graph_nodes
+from flight_profiler.report.step_figures import (
+    EDGE_US,
+    dataloader_waits,
+    in_dataloader,
+    unused_graph_nodes,
+)
 from flight_profiler.report.steps import StepModel, find_steps
 from flight_profiler.report.thresholds import T
 from flight_profiler.report.trace_loader import (
@@ -333,11 +338,14 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
     outer_at: list[tuple[int, float]] = []
     ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, MAX_ATTRIBUTED, span, outer, outer_at)
     # Issued from the program's own lines, not from a library's Python (an optimizer's
-    # per-parameter loop): the share of a sample of them whose innermost Python frame is the
-    # program's (all of them when the trace has no Python frames).
-    frames = [innermost_frame(index, k, t + 1e-3) for k, t in outer_at[:MAX_ATTRIBUTED]]
-    seen = [f for f in frames if f is not None]
-    program = sum(1 for f in seen if is_user_frame(f)) / len(seen) if seen else 1.0
+    # per-parameter loop) nor from its Dataset inside a DataLoader's next(): the share of a
+    # sample of them whose innermost Python frame is the program's (all of them when the trace
+    # has no Python frames).
+    loading = in_dataloader(raw)
+    frames = [(innermost_frame(index, k, t + 1e-3), loading(k, t + 1e-3))
+              for k, t in outer_at[:MAX_ATTRIBUTED]]
+    seen = [(f, dl) for f, dl in frames if f is not None]
+    program = sum(1 for f, dl in seen if is_user_frame(f) and not dl) / len(seen) if seen else 1.0
     outer = [outer[0] * program, outer[1] * program]
     if ops:
         self_list = sorted(ops.items(), key=lambda kv: -kv[1][2])

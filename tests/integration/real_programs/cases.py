@@ -11,7 +11,9 @@ function of its own), or nothing.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -44,9 +46,21 @@ class Program:
     args: tuple[str, ...] = ()
     notes: str = ""
     methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    nproc: int = 0                         # > 0: started by torchrun with this many ranks
+
+    @property
+    def distributed(self) -> bool:
+        return self.nproc > 0
 
     def targets(self) -> dict[str, tuple[str, ...]]:
-        return {"forward": self.forward, "step": self.step, "none": ()}
+        """How users point diagnose at it; a distributed job also as a whole (--all-ranks)."""
+        out = {"forward": self.forward, "step": self.step, "none": ()}
+        if self.distributed:
+            out["all-ranks"] = ()
+        return out
+
+    def options(self, method: str) -> tuple[str, ...]:
+        return ("--all-ranks",) if method == "all-ranks" else ()
 
     @property
     def script(self) -> Path:
@@ -89,7 +103,28 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
         mistake=Expected(("grad-health",), holder="zero_grad", fix=("zero_grad",),
                          why="optimizer.zero_grad() lost: gradients accumulate"),
         notes="DataLoader with 2 workers; autocast/GradScaler enabled only on CUDA"),
+    Program(
+        "ddp_trainer", r"Epoch 1: loss",
+        forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
+        mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),
+                         why="rank 0's validation pass without torch.no_grad()"),
+        nproc=2,
+        notes="torchrun, 2 ranks on gloo; DDP(model); rank 0 validates after every epoch; "
+              "diagnosed on rank 0's pid, or the job with --all-ranks"),
 )}
+
+
+def failed_phases(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(phase, reason) of the phases that failed or timed out: of the diagnosis, or of every
+    rank's in a job's document (which names only each phase's status)."""
+    if "ranks" in doc:
+        return [(f"rank {r}: {name}", status) for r, rank in sorted(doc["ranks"].items())
+                for name, status in (rank.get("phases") or {}).items()
+                if status in ("failed", "timed_out")] + [
+                    (f"rank {r}", str(rank["error"])) for r, rank in sorted(doc["ranks"].items())
+                    if rank.get("error")]
+    return [(p["name"], p["reason"]) for p in doc.get("phases", [])
+            if p["status"] in ("failed", "timed_out")]
 
 
 def finding_text(finding: dict[str, Any]) -> str:
@@ -144,13 +179,15 @@ def judge(program: Program, mistake: bool, result: dict[str, Any],
 
 _AMP_LINE = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/\d+\]\s+Time\s+\S+\s+\(\s*([\d.]+)\)\s+"
                        r"Data\s+\S+\s+\(\s*([\d.]+)\)")
+_DDP_EPOCH = re.compile(r"Epoch \d+: .*\(time ([\d.]+)s, data ([\d.]+)s\)")
 _DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 
 
 def own_dataloader_share(name: str, log: str) -> float | None:
     """The DataLoader's share of the loop (%) as the program itself measured it, with no tool
     attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
-    cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations)."""
+    cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations; ddp_trainer:
+    rank 0's last epoch, its training and validation loaders' waits over the epoch)."""
     if name == "amp_classifier":
         rows = [(int(e), int(i) + 1, float(t), float(d)) for e, i, t, d in _AMP_LINE.findall(log)]
         if len(rows) < 2 or rows[-1][0] != rows[-2][0]:
@@ -158,6 +195,12 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         (_, n1, t1, d1), (_, n2, t2, d2) = rows[-2], rows[-1]
         batch = t2 * n2 - t1 * n1
         return round(100.0 * (d2 * n2 - d1 * n1) / batch, 2) if batch > 0 else None
+    if name == "ddp_trainer":
+        # rank 0's last epoch: its train and validation loaders' waits over the epoch's time
+        epochs = _DDP_EPOCH.findall(log)
+        if not epochs or float(epochs[-1][0]) <= 0:
+            return None
+        return round(100.0 * float(epochs[-1][1]) / float(epochs[-1][0]), 2)
     if name == "dcgan":
         # the first line's interval holds the workers' start (the first batch's wait): not steady
         rows = [(int(i), float(d), float(t)) for i, d, t in _DCGAN_LINE.findall(log) if int(i) > 20]
@@ -170,7 +213,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
 def steady_dataloader_share(name: str, log: Path, timeout: float = 10.0) -> float | None:
     """own_dataloader_share once the program has logged a steady interval (None for programs
     without meters, or none logged within ``timeout``)."""
-    if name not in ("amp_classifier", "dcgan"):
+    if name not in ("amp_classifier", "dcgan", "ddp_trainer"):
         return None
     deadline = time.monotonic() + timeout
     while True:
@@ -182,24 +225,83 @@ def steady_dataloader_share(name: str, log: Path, timeout: float = 10.0) -> floa
 
 def start(program: Program, mistake: bool, python: str = sys.executable,
           log: Path | None = None, seconds: float = 600) -> subprocess.Popen[bytes]:
-    """Start ``program`` and return once it has logged ``program.ready``."""
-    cmd = [python, str(program.script), "--seconds", str(seconds), *program.args]
+    """Start ``program`` and return once it has logged ``program.ready``; a distributed one is
+    started by torchrun in a session of its own (stop() ends launcher and ranks together)."""
+    launcher = ([python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                 str(program.nproc)] if program.distributed else [python])
+    cmd = [*launcher, str(program.script), "--seconds", str(seconds), *program.args]
     if mistake:
         cmd.append("--mistake")
     log = log or Path(f"/tmp/{program.name}-{'mistake' if mistake else 'healthy'}.log")
     out = open(log, "wb")  # noqa: SIM115 - the child writes it as long as it lives
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=str(HERE), env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+                            cwd=str(HERE), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=program.distributed)
     out.close()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{program.name} exited: {log.read_text(errors='replace')[-2000:]}")
-        if re.search(program.ready, log.read_text(errors="replace")):
+        if re.search(program.ready, log.read_text(errors="replace")) and (
+                not program.distributed or len(rank_pids(proc.pid)) == program.nproc):
             return proc
         time.sleep(0.05)
-    proc.kill()
+    stop(proc)
     raise RuntimeError(f"{program.name} never logged {program.ready!r}")
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the torchrun ``launcher``'s ranks (its children with RANK set)."""
+    ranks: dict[int, int] = {}
+    try:
+        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    except OSError:
+        return ranks
+    for child in children:
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for var in env:
+            if var.startswith(b"RANK="):
+                ranks[int(var[5:])] = int(child)
+    return ranks
+
+
+def target_pid(program: Program, proc: subprocess.Popen[bytes]) -> int:
+    """The pid a user diagnoses: the program's, or rank 0's of a distributed one."""
+    return rank_pids(proc.pid)[0] if program.distributed else proc.pid
+
+
+def alive(program: Program, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the program (every rank of a distributed one) still runs."""
+    if proc.poll() is not None:
+        return False
+    if not program.distributed:
+        return True
+    ranks = rank_pids(proc.pid)
+    return len(ranks) == program.nproc and all(_running(pid) for pid in ranks.values())
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the program: a torchrun job's whole session (launcher and ranks), else the process."""
+    if proc.poll() is None:
+        try:
+            if os.getsid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def diagnose(pid: int, target: tuple[str, ...], out: Path, extra: tuple[str, ...] = (),

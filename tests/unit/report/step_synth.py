@@ -27,11 +27,14 @@ class Loop:
     dataloader_us: float = 0.0  # next() per step
     cut_dataloader_us: float = 0.0  # a next() still waiting when the profiler stopped
     eval_forward: bool = False  # a forward with grad on after the step, used by no backward
+    eval_every: int = 1  # ... after every N-th step only (a validation pass once an epoch)
+    eval_nodes: int = 8  # graph nodes that forward builds
     leak_per_step: int = 0  # bytes kept per step ([memory] events)
     forward_memory: int = 0  # bytes a forward allocates and its backward frees
     per_call: bool = False  # ProfilerStep sessions around each forward only (method mode)
     python_tiny_ops: int = 0  # outermost tiny ops per step, issued from Python ...
     tiny_ops_frame: str = "train.py(30): smooth"  # ... by this frame (the program's loop)
+    tiny_ops_in_loader: bool = False  # ... inside a DataLoader next() (a Dataset's __getitem__)
     nested_tiny_ops: int = 0  # tiny ops per forward inside one library operator
     step_us: float = 10_000.0  # at least this long (idle padding)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -102,6 +105,9 @@ def write(loop: Loop, path: Path) -> Path:
                 # next session reports still holds the freed forward outputs.
                 t += 1520
             del start
+        if loop.python_tiny_ops and loop.tiny_ops_in_loader:
+            _x(loop, "user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+               t - 1, 10.0 * loop.python_tiny_ops + 3)
         if loop.python_tiny_ops:
             _x(loop, "python_function", loop.tiny_ops_frame, t, 10.0 * loop.python_tiny_ops)
         for j in range(loop.python_tiny_ops):
@@ -117,12 +123,12 @@ def write(loop: Loop, path: Path) -> Path:
             addr += 1
             allocated += loop.leak_per_step
             _mem(loop, t, allocated, loop.leak_per_step, addr)
-        if loop.eval_forward and not loop.per_call:
-            for k in range(8):
+        if loop.eval_forward and not loop.per_call and (s + 1) % loop.eval_every == 0:
+            for k in range(loop.eval_nodes):
                 seq += 1
                 _x(loop, "cpu_op", "aten::linear", t + 5 + 60 * k, 50,
                    {"Sequence number": seq, "Fwd thread id": 0})
-            t += 500
+            t += 60 * loop.eval_nodes + 20
         t = max(t, first + (s + 1) * loop.step_us)
     if loop.cut_dataloader_us:
         _x(loop, "user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",

@@ -107,6 +107,17 @@ def test_an_evaluation_with_grad_on_beside_training_is_found(tmp_path: Path) -> 
     assert "no_grad" in " ".join(f.fix) and "inference_mode" in f.fix[0]
 
 
+def test_a_validation_pass_once_an_epoch_with_grad_on_is_found_however_diluted(tmp_path: Path) -> None:
+    # GIVEN a DDP trainer's rank 0 validating after every 64 steps without no_grad (48 nodes a
+    # pass): 0.7 unused nodes a step over the window, under the per-step bar, all of them in a row
+    _, findings = _analyze(tmp_path, Loop(steps=130, eval_forward=True, eval_every=64, eval_nodes=48,
+                                          step_us=3000.0))
+    (f,) = _rules(findings, "eval-with-grad")
+    assert f.metrics["unused_nodes"] == 96 and f.metrics["longest_unused_run"] == 48
+    assert 96 / 129 < 1.0  # per judged step: what the rule alone judged before
+    assert "no_grad" in " ".join(f.fix)
+
+
 def test_a_dataloader_wait_cut_by_the_end_of_the_window_is_left_out(tmp_path: Path) -> None:
     # GIVEN 0.5 ms next() per 10 ms step, and one next() of 1.8 s cut by the profiler's stop
     data, findings = _analyze(tmp_path, Loop(steps=6, dataloader_us=500, cut_dataloader_us=1_800_000))
@@ -147,6 +158,16 @@ def test_tiny_ops_inside_a_library_operator_are_info_and_from_the_loop_a_warning
     _, findings = _analyze(tmp_path, Loop(steps=6, python_tiny_ops=260, step_us=120_000))
     (k,) = _rules(findings, "launch-overhead")
     assert k.severity == "warning" and k.cost is not None and k.cost.pct < 5
+
+
+def test_tiny_ops_of_a_dataset_inside_the_dataloader_are_no_loop_to_vectorise(tmp_path: Path) -> None:
+    # GIVEN 260 a step issued by the program's Dataset inside a DataLoader next() in the loop's
+    # own process (num_workers=0, `self.x[i]` per sample: a DDP tutorial's synthetic dataset):
+    # the loader's cost, which dataloader-bottleneck judges, no loop of the program's to vectorise
+    _, findings = _analyze(tmp_path, Loop(steps=6, python_tiny_ops=260, step_us=120_000,
+                                          tiny_ops_in_loader=True,
+                                          tiny_ops_frame="ddp_trainer.py(37): __getitem__"))
+    assert [f.severity for f in _rules(findings, "launch-overhead")] in ([], ["info"])
 
 
 def test_the_agents_own_frames_are_never_the_programs_line() -> None:

@@ -69,7 +69,10 @@ def _trains(doc: dict[str, Any]) -> bool:
 def _from_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[InputResult, dict[str, Any]]],
                 ) -> Finding | None:
     unused = int(ag.get("unused_nodes") or 0)
-    if unused < T.eval_grad_min_ops or float(ag.get("unused_per_step") or 0.0) < UNUSED_PER_STEP:
+    # Per step, or one whole pass in a row: a validation pass once an epoch is diluted by the
+    # epoch's training steps far below one node a step (0.7 on a DDP trainer's rank 0).
+    if unused < T.eval_grad_min_ops or (float(ag.get("unused_per_step") or 0.0) < UNUSED_PER_STEP
+                                        and int(ag.get("longest_unused_run") or 0) < T.eval_grad_min_ops):
         return None
     step = inp.data.get("step") or {}
     places = ag.get("unused_where") or []
@@ -83,7 +86,8 @@ def _from_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[Input
                  "used by no backward: that forward keeps its activations alive for a backward "
                  "that never comes, and pays autograd's cost for nothing."),
         evidence=[f"graph nodes built by model operators in {ag['judged_steps']} whole steps: "
-                  f"{ag['model_nodes']}, used by no backward: {unused} ({ag['unused_per_step']} per step)",
+                  f"{ag['model_nodes']}, used by no backward: {unused} ({ag['unused_per_step']} per step, "
+                  f"up to {ag.get('longest_unused_run', 0)} built in a row)",
                   f"operators whose nodes were never used: {ops}",
                   f"the step: {step.get('how')}",
                   *(_measured_line(u) for _, u in measured)],
@@ -91,6 +95,7 @@ def _from_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[Input
         inputs=[inp.path, *(g.path for g, _ in measured)],
         metrics={"forward_ops_recording": int(ag.get("forward_ops_recording") or 0),
                  "unused_nodes": unused, "model_nodes": ag["model_nodes"],
+                 "longest_unused_run": int(ag.get("longest_unused_run") or 0),
                  "backward_functions": int(ag.get("backward_functions") or 0),
                  "measured": [u for _, u in measured]})
 
