@@ -15,6 +15,7 @@ import time
 import zlib
 from typing import Any
 
+from flight_profiler.report.arm_events import ArmEventFormatError, parse_event
 from flight_profiler.report.census import CensusFormatError, parse_census
 from flight_profiler.report.grads import GradsFormatError, parse_grads
 from flight_profiler.report.job_metrics import job_metrics
@@ -58,10 +59,21 @@ def expand(paths: list[str]) -> list[str]:
             # Snapshots and censuses beside them (and any other JSON: detected by content).
             for pattern in ("*.pickle", "*.pkl", "*.json", "*.json.gz"):
                 found.update(glob.glob(os.path.join(p, "**", pattern), recursive=True))
+            found = _without_arm_extras(found)
             out.extend(sorted(found) if found else [p])
         else:
             out.append(p)
     return _distinct_files(out)
+
+
+# Files of an `arm` event directory that event.json already reports on (the stack answer,
+# torch's Flight Recorder pickle): not inputs of their own.
+_ARM_EXTRAS = ("stacks.json", "fr_trace.pickle")
+
+
+def _without_arm_extras(found: set[str]) -> set[str]:
+    return {f for f in found if not (os.path.basename(f) in _ARM_EXTRAS and os.path.exists(
+        os.path.join(os.path.dirname(f), "event.json")))}
 
 
 def _distinct_files(paths: list[str]) -> list[str]:
@@ -169,6 +181,12 @@ def _load(path: str) -> InputResult:
             return InputResult(path, "census", False,
                                "bad tensor census: needs far more memory than its size")
         return InputResult(path, "census", True, data=data)
+    if b'"flight_profiler.arm_event"' in head:
+        try:
+            event = parse_event(_read_all(path, MAX_CENSUS_BYTES, "arm event").decode("utf-8"), path)
+        except (ArmEventFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+            return InputResult(path, "arm_event", False, f"bad arm event: {exc}")
+        return InputResult(path, "arm_event", True, data=event, rank=event.get("rank"))
     if b'"flight_profiler.rank_stacks"' in head:
         return _load_stacks(path)
     if b'"flight_profiler.grads"' in head:

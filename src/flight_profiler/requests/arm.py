@@ -78,24 +78,18 @@ def disarm(on: str | None = None) -> AgentRequest:
     return AgentRequest("disarm", {"on": on} if on else {}, str(Line("disarm").option("--on", on)))
 
 
-class _Size(click.ParamType):
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        try:
-            return value if isinstance(value, int) else parse_size(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
-class _Duration(click.ParamType):
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        try:
-            return value if isinstance(value, float) else parse_duration(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    try:
+        return None if value is None else parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _given(ctx: click.Context, name: str) -> Any:
@@ -107,16 +101,16 @@ def _given(ctx: click.Context, name: str) -> Any:
 @click.option("--on", "on", type=click.Choice(KINDS), required=True,
               help="What to catch: hang SECONDS (no progress for that long), nan (first "
                    "non-finite gradient after an optimizer step), oom (out of memory).")
-@click.argument("seconds", required=False, type=_Duration(), metavar="[SECONDS]")
+@click.argument("seconds", required=False, callback=_duration, metavar="[SECONDS]")
 @click.option("--out", "out", required=True, metavar="DIR",
               help="Directory for the evidence (one directory per event), writable by the job's user.")
 @click.option("--max-fires", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Disarm after this many events.")
-@click.option("--for", "duration", type=_Duration(), metavar="DURATION",
+@click.option("--for", "duration", callback=_duration, metavar="DURATION",
               help="Disarm after this long (e.g. 8h). Default: until disarm or detach.")
-@click.option("--rss-limit", type=_Size(), metavar="SIZE",
+@click.option("--rss-limit", callback=_size, metavar="SIZE",
               help="oom: fire when the job's RSS passes SIZE (e.g. 12G).")
-@click.option("--max-bytes", type=_Size(), metavar="SIZE",
+@click.option("--max-bytes", callback=_size, metavar="SIZE",
               help="Cap on the evidence in DIR (default 512M): once reached, newer events are "
                    "dropped, the oldest kept.")
 @click.option("--threads", type=click.Choice(("main", "all")),

@@ -18,7 +18,6 @@ from flight_profiler.requests.base import AgentRequest
 from flight_profiler.requests.hooks import EXPR_NAMES
 from flight_profiler.requests.params import FiniteFloatRange
 
-
 __all__ = ["arm_command", "disarm_command"]  # the grammar finds them here
 
 

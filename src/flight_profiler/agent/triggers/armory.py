@@ -107,10 +107,9 @@ class Armory:
         self._hook_id = None
         self._stop.set()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            if not self.retired:
-                thread.join(timeout=2.0)
-                self._thread = None
+        if thread is not None and thread is not threading.current_thread() and not self.retired:
+            thread.join(timeout=2.0)
+            self._thread = None
         if state is not None and hook_id is not None:
             state.remove_hook(hook_id)  # disarm_all again: nothing left, returns at once
 

@@ -40,11 +40,11 @@ def program_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
     innermost frame that is not ours."""
     for frame in reversed(frames):
         if is_program_file(str(frame.get("file", ""))):
-            return frame
+            return dict(frame)
     for frame in reversed(frames):
         name = str(frame.get("file", ""))
         if not name.startswith(_AGENT_DIR) and not name.startswith("<flight_profiler"):
-            return frame
+            return dict(frame)
     return frames[-1] if frames else None
 
 

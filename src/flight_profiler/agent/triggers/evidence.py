@@ -125,7 +125,7 @@ class EvidenceDir:
     def begin(self, kind: str, rank: int | None) -> Event:
         return Event(self, kind, rank)
 
-    def write_hidden(self, name: str, write: Callable[[IO[bytes]], None]) -> int:
+    def write_hidden(self, name: str, write: Callable[[IO[bytes]], object]) -> int:
         """A hidden file directly in the directory (a baseline kept for later events)."""
         tmp = f"{_TMP_PREFIX}{os.getpid()}-{next(_seq)}.part"
         size = _write_file(self.fd, tmp, write)
@@ -193,7 +193,7 @@ class Event:
         self.errors: list[str] = []
         self.closed = False
 
-    def write(self, name: str, write: Callable[[IO[bytes]], None]) -> int:
+    def write(self, name: str, write: Callable[[IO[bytes]], object]) -> int:
         size = _write_file(self.fd, name, write)
         self.files[name] = size
         return size
@@ -311,7 +311,7 @@ def _open_or_make(path: str) -> int:
     return fd
 
 
-def _write_file(dir_fd: int, name: str, write: Callable[[IO[bytes]], None]) -> int:
+def _write_file(dir_fd: int, name: str, write: Callable[[IO[bytes]], object]) -> int:
     fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:

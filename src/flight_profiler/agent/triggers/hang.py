@@ -5,7 +5,8 @@ No hook and no per-step cost: the armory's watcher thread (which sleeps between 
 whole stack (each frame's code object and line) and the step count. A thread that moves, or a
 step that ends, resets the timer. A long op inside one line (a big matmul, a collective) also
 keeps the stack still: SECONDS must be longer than the longest honest step, as with torchrun's
-own timeout. After a fire the trigger waits for the thread to move before it can fire again.
+own timeout. The watched thread is the one that calls ``optimizer.step()`` once one has, else
+the main thread; ``--threads all``: fire when no thread moves. After a fire the trigger waits for the thread to move before it can fire again.
 
 Evidence: every thread's stack with its kernel counters (``stacks.json``, the ``stack
 --progress`` answer), the watched thread's innermost frame of the program's own code
@@ -80,6 +81,9 @@ class HangTrigger(Trigger):
         super().__init__(out, max_fires, rank)
         self.seconds = seconds
         self.threads = threads  # "main" | "all": fire when every watched thread is still
+        # A training job's steps are progress too, and tell which thread trains (a worker
+        # thread while main waits in join() is not a hang): the step clock when torch.optim is in.
+        self.needs_clock = "torch.optim.optimizer" in sys.modules
         self._seen: dict[int, tuple[tuple[tuple[int, int], ...], float]] = {}
         self._steps = -1
         self._fired_on: dict[int, tuple[tuple[int, int], ...]] | None = None
@@ -93,6 +97,10 @@ class HangTrigger(Trigger):
 
     def _watched(self) -> list[threading.Thread]:
         if self.threads == "main":
+            stepping = self.clock.thread if self.clock is not None else None
+            for thread in threading.enumerate() if stepping is not None else ():
+                if thread.ident == stepping:
+                    return [thread]
             return [threading.main_thread()]
         return [t for t in threading.enumerate()
                 if not t.name.startswith("flight_profiler-") and t.ident is not None]

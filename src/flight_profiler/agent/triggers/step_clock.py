@@ -52,11 +52,13 @@ def thread_in_step(skip: int | None = None) -> bool:
     if not filename:
         return False
     frames = sys._current_frames()
+    frame: Any = None
     try:
-        for ident, frame in frames.items():
+        for ident, top in list(frames.items()):
             if ident == skip:
                 continue
             depth = 0
+            frame = top
             while frame is not None and depth < 400:
                 code = frame.f_code
                 if code.co_name == "wrapper" and code.co_filename == filename:
