@@ -302,7 +302,8 @@ def _open_or_make(path: str) -> int:
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+        linked = exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path)
+        why = "it is a symbolic link" if linked else (exc.strerror or str(exc))
         raise EvidenceError(f"cannot use the output directory {path}: {why}") from None
     st = os.fstat(fd)
     if not stat.S_ISDIR(st.st_mode):
