@@ -65,7 +65,7 @@ def _nan(ev: dict[str, Any], inp: InputResult) -> Finding:
                         f"elements non-finite; the parameter itself "
                         f"{'still finite' if p['param_finite'] else 'non-finite now'}")
     if (ev.get("checked_every") or 1) > 1:
-        evidence.append(f"checked one step in {ev['checked_every']} (the check's own cost kept under 0.5 %)")
+        evidence.append(f"checked one step in {ev['checked_every']} (the check's own cost kept under 0.3 % of the step)")
     return Finding(
         rule="arm-nan", severity="critical",
         title=f"First non-finite gradient at step {ev.get('step')} ({_who(ev)})",
