@@ -10,6 +10,7 @@ to wait); it exists only while something is armed and is joined on disarm.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -165,3 +166,12 @@ class Armory:
 
 
 ARMORY = Armory()
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held the lock at the fork: the child's copy would stay
+    # taken for ever, and the server's fork hook disarms through it (server._after_fork_in_child).
+    ARMORY.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
