@@ -5,7 +5,7 @@ Runs in the training thread, in torch's global optimizer post-step hook (step_cl
 stacked norms and one ``.item()``. That is a read of every gradient once per checked step; on a
 loop of small ops it would be a few percent, so the check paces itself: it times its own cost
 and checks one step in ``every``, with ``every`` chosen so that the checks take at most
-:data:`BUDGET` of the step time (0.3 %; with the step hooks, ~7 us a step, the
+:data:`BUDGET` of the training thread's CPU time per step (0.3 %; with the step hooks, ~7 us a step, the
 whole armed cost stays under 1 % of a 1 ms step). A non-finite gradient turns the parameters non-finite
 at that very step, and they stay so: a later check still sees it, and the event says which step
 was the last one checked clean ("clean_at_step"), so the NaN appeared in between.
@@ -75,20 +75,23 @@ class NanTrigger(Trigger):
         self.clean_at: int | None = None
         self._cost: float | None = None
         self._period: float | None = None
+        self._cpu_at: float | None = None
+        self._step_at = 0
 
     def detail(self) -> dict[str, Any]:
         return {"checks": self.checks, "every": self.every, "clean_at_step": self.clean_at,
                 "check_ms": round(1000 * self.check_s / self.checks, 4) if self.checks else None}
 
-    def _pace(self, spent: float, period: float | None) -> None:
-        """One step in ``every`` checked, so that the checks' share of the step time stays under
-        BUDGET. Both times are smoothed (a cold first check, a step slowed by another process
-        must not swing ``every`` by a hundred), and the first check, which warms torch's
-        kernels up, is not counted."""
-        if self.checks == 1 or not period:
+    def _pace(self, spent: float, step_cpu: float | None) -> None:
+        """One step in ``every`` checked, so that the checks' share of the training thread's CPU
+        time stays under BUDGET. CPU time, not wall time: on a loaded machine both would stretch
+        unequally. Both figures are smoothed (a cold check or an odd step must not swing
+        ``every`` by a hundred), and the first check, which warms torch's kernels up, is not
+        counted."""
+        if self.checks == 1 or not step_cpu:
             return
         self._cost = spent if self._cost is None else 0.8 * self._cost + 0.2 * spent
-        self._period = period if self._period is None else 0.8 * self._period + 0.2 * period
+        self._period = step_cpu if self._period is None else 0.8 * self._period + 0.2 * step_cpu
         self.every = max(1, min(_MAX_EVERY, math.ceil(self._cost / (BUDGET * self._period))))
 
     def on_post_step(self, clock: Any, optimizer: Any, is_step: bool) -> None:
@@ -97,7 +100,10 @@ class NanTrigger(Trigger):
         torch = sys.modules.get("torch")
         if torch is None:
             return
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
+        # the training thread's CPU per step since the last check (read on checked steps only)
+        step_cpu = ((t0 - self._cpu_at) / (clock.steps - self._step_at)
+                    if self._cpu_at is not None and clock.steps > self._step_at else None)
         grads = _grads(optimizer)
         bad: list[int] = []
         if grads:
@@ -105,10 +111,12 @@ class NanTrigger(Trigger):
                 norms = torch._foreach_norm([g for _, _, _, g in grads])
                 if not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
                     bad = [k for k, n in enumerate(norms) if not math.isfinite(float(n))]
-        spent = time.perf_counter() - t0
+        self._cpu_at = time.thread_time()
+        self._step_at = clock.steps
+        spent = self._cpu_at - t0
         self.checks += 1
         self.check_s += spent
-        self._pace(spent, clock.last_period)
+        self._pace(spent, step_cpu)
         if not bad:
             self.clean_at = clock.steps
             return

@@ -16,7 +16,7 @@ def _params(trigger: dict[str, Any]) -> str:
 
 
 def trigger_line(trigger: dict[str, Any]) -> str:
-    text = (f"{txt(trigger.get('kind'), 20)} [{txt(trigger.get('state'), 20)}]"
+    text = (f"{txt(trigger.get('kind'), 20)} \\[{txt(trigger.get('state'), 20)}]"
             + (f" ({_params(trigger)})" if _params(trigger) else "")
             + f", fired {fmt(trigger.get('fires'), 'd')}/{fmt(trigger.get('max_fires'), 'd')}")
     if trigger.get("dropped"):
