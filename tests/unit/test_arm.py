@@ -160,6 +160,7 @@ def test_cuda_oom_observer_writes_a_snapshot_and_history_is_turned_off_again(
     assert left == ["torch cannot detach an OOM observer: ours stays, doing nothing"]
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # it is the point
 def test_uncaught_memory_error_fires_and_the_excepthooks_come_back(tmp_path: Path) -> None:
     before = (sys.excepthook, threading.excepthook)
     out = evidence.EvidenceDir(str(tmp_path / "ev"), 64 << 20)
