@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flight_profiler.errors import UsageError
-from flight_profiler.requests import COMMANDS, AgentRequest, basic, hooks, parse
+from flight_profiler.requests import COMMANDS, AgentRequest, arm, basic, hooks, parse
 from flight_profiler.requests import torch as t
 
 
@@ -44,6 +44,9 @@ def _built(tmp: Path) -> list[AgentRequest]:
         t.grads(["m", "f"], calls=4, file=str(tmp / "g.json"), timeout=7.0),
         t.grads(calls=3, interval=1.0),
         t.anomaly(["m", "C", "f"], calls=1, timeout=7.0),
+        arm.arm("hang", str(spaced), seconds=2.5, max_fires=3, duration=7200.0, threads="all"),
+        arm.arm("nan", str(tmp)), arm.arm("oom", str(tmp), rss_limit=1 << 30, max_bytes=4096),
+        arm.disarm(), arm.disarm("nan"),
     ]
 
 

@@ -38,6 +38,8 @@ HANDLERS: dict[str, str] = {
     "torch dataloader": "torch_dataloader:handle_dataloader",
     "torch grads": "torch_grads:handle_grads",
     "torch anomaly": "torch_anomaly:handle_anomaly",
+    "arm": "arm:handle_arm",
+    "disarm": "arm:handle_disarm",
 }
 
 

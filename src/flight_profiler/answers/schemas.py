@@ -34,6 +34,14 @@ SIZE = Either(NUM, STR)  # bytes; "?" when unknown
 
 _FILE = {"path": STR, "size": SIZE}  # what every file-writing command adds
 
+# armed triggers (`arm`, `disarm`, and `status` lists them)
+TRIGGER = Obj(required={"kind": STR}, optional={
+    "state": STR, "params": MapOf(ANY), "fires": INT, "max_fires": INT, "dropped": INT,
+    "events": ListOf(STR), "errors": ListOf(TEXT), "expires_in_s": NUM, "stalled_s": NUM,
+    "left_behind": ListOf(TEXT), "checks": INT, "every": INT, "rss_peak": INT})
+ARMORY = Obj(optional={"armed": ListOf(TRIGGER), "disarmed": ListOf(TRIGGER),
+                       "step_clock": MapOf(ANY), "hooks_pending_removal": INT, "watcher": BOOL})
+
 # -- status, stack, detach ---------------------------------------------------------------------
 STATUS = Obj(optional={
     "agent_version": TEXT, "pid": INT, "uptime_s": NUM,
@@ -43,6 +51,7 @@ STATUS = Obj(optional={
     "torch": Obj(optional={"imported": BOOL, "version": TEXT, "cuda_available": BOOL,
                            "cuda_version": TEXT, "device_count": INT, "cuda_error": TEXT}),
     "active_hooks": ListOf(STR),
+    "arm": ARMORY,
 })
 
 FRAME = Obj(required={"file": STR, "function": STR}, optional={"line": INT})
@@ -183,6 +192,11 @@ TRACE_EVENT = Obj(required={"type": STR}, optional={
     "tree": Tree(TRACE_NODE), "message": TEXT,
 })
 
+# -- arm, disarm --------------------------------------------------------------------------------
+ARM = Obj(required={"armed": TRIGGER}, optional={"notes": ListOf(TEXT), "out": STR, "for_s": NUM,
+                                                 "cap_bytes": INT, "pid": INT})
+DISARM = Obj(optional={"disarmed": ListOf(TRIGGER), "still_armed": ARMORY})
+
 # handler name -> (result shape, event shape)
 ANSWERS: dict[str, tuple[Shape, Shape]] = {
     "status": (STATUS, NEVER),
@@ -197,6 +211,8 @@ ANSWERS: dict[str, tuple[Shape, Shape]] = {
     "torch anomaly": (ANOMALY, PROGRESS),
     "watch": (_ENDED, WATCH_EVENT),
     "trace": (_ENDED, TRACE_EVENT),
+    "arm": (ARM, NEVER),
+    "disarm": (DISARM, NEVER),
 }
 
 ERROR = Obj(optional={"kind": STR, "message": TEXT, "hint": TEXT})

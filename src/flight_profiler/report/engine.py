@@ -45,6 +45,7 @@ def build_context(inputs: list[InputResult]) -> Context:
         censuses=[i for i in ok if i.kind == "census"],
         stacks=[i for i in ok if i.kind == "stacks"],
         grads=[i for i in ok if i.kind == "grads"],
+        arm_events=[i for i in ok if i.kind == "arm_event"],
     )
     # A `-r` recording is the allocations of a few calls: no point of memory over time.
     ctx.snapshot_series = _series([s for s in ctx.snapshots if not s.data.get("recorded_calls")])

@@ -14,6 +14,7 @@ import time
 import zlib
 from typing import Any
 
+from flight_profiler.report.arm_events import ArmEventFormatError, parse_event
 from flight_profiler.report.census import CensusFormatError, parse_census
 from flight_profiler.report.grads import GradsFormatError, parse_grads
 from flight_profiler.report.job_metrics import job_metrics
@@ -59,6 +60,7 @@ def expand(paths: list[str], notes: list[InputResult] | None = None,
     for p in paths:
         if os.path.isdir(p):
             found, stopped = walk_inputs(p)
+            found = sorted(_without_arm_extras(set(found)))
             out.extend(found if found else [p])
             if walked is not None:
                 walked.update(found)
@@ -67,6 +69,16 @@ def expand(paths: list[str], notes: list[InputResult] | None = None,
         else:
             out.append(p)
     return _distinct_files(out)
+
+
+# Files of an `arm` event directory that event.json already reports on (the stack answer,
+# torch's Flight Recorder pickle): not inputs of their own.
+_ARM_EXTRAS = ("stacks.json", "fr_trace.pickle")
+
+
+def _without_arm_extras(found: set[str]) -> set[str]:
+    return {f for f in found if not (os.path.basename(f) in _ARM_EXTRAS and os.path.exists(
+        os.path.join(os.path.dirname(f), "event.json")))}
 
 
 def _distinct_files(paths: list[str]) -> list[str]:
@@ -185,6 +197,12 @@ def _load(path: str) -> InputResult:
             return InputResult(path, "census", False,
                                "bad tensor census: needs far more memory than its size")
         return InputResult(path, "census", True, data=data)
+    if b'"flight_profiler.arm_event"' in head:
+        try:
+            event = parse_event(_read_all(path, MAX_CENSUS_BYTES, "arm event").decode("utf-8"), path)
+        except (ArmEventFormatError, UnicodeDecodeError, TraceFormatError) as exc:
+            return InputResult(path, "arm_event", False, f"bad arm event: {exc}")
+        return InputResult(path, "arm_event", True, data=event, rank=event.get("rank"))
     if b'"flight_profiler.rank_stacks"' in head:
         return _load_stacks(path)
     if b'"flight_profiler.grads"' in head:

@@ -23,7 +23,8 @@ SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 # Findings that say the job itself is broken (its results are wrong, it is hung, it dies) come
 # before the ones that say it is slow or big, within a severity: a faster loop that trains a
 # diverging model helps nobody.
-JOB_BREAKING_RULES = frozenset({"grad-health", "job-hang", "job-desync", "oom"})
+JOB_BREAKING_RULES = frozenset({"grad-health", "job-hang", "job-desync", "oom", "arm-hang",
+                                "arm-nan", "arm-oom"})
 
 
 def strict(value: Any) -> Any:

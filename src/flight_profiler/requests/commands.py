@@ -13,9 +13,12 @@ import click
 from click.core import ParameterSource
 
 from flight_profiler.requests import basic, hooks, torch
+from flight_profiler.requests.arm import arm_command, disarm_command
 from flight_profiler.requests.base import AgentRequest
 from flight_profiler.requests.hooks import EXPR_NAMES
 from flight_profiler.requests.params import FiniteFloatRange
+
+__all__ = ["arm_command", "disarm_command"]  # the grammar finds them here
 
 
 def _given(ctx: click.Context) -> dict[str, Any]:

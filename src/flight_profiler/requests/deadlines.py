@@ -22,7 +22,7 @@ from flight_profiler.requests.base import AgentRequest
 QUICK_MARGIN_S = 30.0
 # Commands that walk every object, export a trace or write a snapshot take longer on big jobs.
 WORK_MARGIN_S = 300.0
-QUICK = frozenset(("status", "stack", "detach", "torch fr", "watch", "trace"))
+QUICK = frozenset(("status", "stack", "detach", "torch fr", "watch", "trace", "arm", "disarm"))
 _DEFAULT_CALLS_TIMEOUT_S = 60.0  # the torch commands' own --timeout default
 
 

@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "torch dataloader": "dataloader",
     "torch grads": "grads",
     "torch anomaly": "anomaly",
+    "arm": "arm_command",
+    "disarm": "disarm_command",
 }
 
 def summary(name: str) -> str:

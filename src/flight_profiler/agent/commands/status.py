@@ -44,4 +44,11 @@ def handle(ctx: Context) -> dict[str, Any]:
         "threads": {"total": len(sys._current_frames()), "agent": len(own)},
         "torch": _torch_info(),
         "active_hooks": agent.active_hooks(),
+        **_armed(),
     }
+
+
+def _armed() -> dict[str, Any]:
+    # Only when something was ever armed: status must not import the triggers to say "none".
+    armory = sys.modules.get(f"{__name__.rsplit('.', 2)[0]}.triggers.armory")
+    return {"arm": armory.ARMORY.describe()} if armory is not None else {}

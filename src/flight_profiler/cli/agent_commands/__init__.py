@@ -23,6 +23,8 @@ RENDERERS: dict[str, tuple[str, str | None]] = {
     "torch fr": ("distributed:render_fr", None),
     "torch grads": ("torch_health:render_grads", _PROGRESS),
     "torch anomaly": ("torch_health:render_anomaly", _PROGRESS),
+    "arm": ("arm:render_arm", None),
+    "disarm": ("arm:render_disarm", None),
 }
 # Streams whose renderers share state (a spinner between events): made afresh per request.
 _STATEFUL = {"watch": "watch", "trace": "trace"}

@@ -37,6 +37,10 @@ def render_status(data: dict[str, Any], console: Console) -> None:
     hooks = data.get("active_hooks") or []
     table.add_row("instrumentation", "\n".join(txt(h) for h in hooks) if hooks else "none")
     console.print(table)
+    if data.get("arm"):
+        from flight_profiler.cli.agent_commands.arm import render_trigger_list
+
+        render_trigger_list(data["arm"], console)
 
 
 def render_stack(data: dict[str, Any], console: Console) -> None:

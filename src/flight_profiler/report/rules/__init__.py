@@ -29,7 +29,7 @@ RULE_MODULES = (
     "memory_leak", "graph_retention", "oom", "fragmentation", "transfer_bottleneck",
     "sync_bottleneck", "launch_overhead", "dataloader_bottleneck", "low_gpu_utilization",
     "communication", "hot_operators", "job_hang", "job_straggler", "job_imbalance",
-    "grad_health", "graph_chain", "eval_with_grad",
+    "grad_health", "graph_chain", "eval_with_grad", "arm_events",
 )
 
 
@@ -40,6 +40,7 @@ class Context:
     censuses: list[InputResult] = field(default_factory=list)
     stacks: list[InputResult] = field(default_factory=list)  # per-rank stack samples
     grads: list[InputResult] = field(default_factory=list)  # `torch grads` documents
+    arm_events: list[InputResult] = field(default_factory=list)  # `arm` evidence (event.json)
     # Several snapshots / censuses of one process, oldest first (only groups of >= 2).
     snapshot_series: list[list[InputResult]] = field(default_factory=list)
     census_series: list[list[InputResult]] = field(default_factory=list)

@@ -1,0 +1,160 @@
+"""Cost of armed and idle triggers (`arm --on hang/nan/oom`) on a training loop, CPU.
+
+    .venv/bin/python bench/bench_arm.py [--rounds 7] [--seconds 1.5] [--json]
+
+Two loops, each a plain ``zero_grad / forward / backward / optimizer.step()``: one of small ops
+(a step of about a millisecond, where a fixed per-step cost shows most) and one of big matmuls
+(Linear(1024, 1024) x 3, batch 128, one thread). In each round the same loop runs for ``--seconds`` plain
+and for ``--seconds`` with every trigger armed (hang 600 s with its watcher thread, nan with
+its paced gradient check after each optimizer step, oom with an RSS limit and the chained
+excepthooks), in alternating order; the figure is the median over rounds of the armed step
+rate over the plain one, measured side by side in one run (a shared, loaded machine changes
+both alike). The figure is by CPU time of the whole process (``time.process_time``: the
+training thread and the watcher both count) per step, which a process descheduled by other
+load does not inflate; wall time per step is shown beside it. The median round is the figure.
+Also: what the NaN check itself costs when it runs, and how often it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+import torch  # noqa: E402
+
+from flight_profiler.agent.registry import AgentState  # noqa: E402
+from flight_profiler.agent.triggers.armory import Armory  # noqa: E402
+from flight_profiler.agent.triggers.evidence import EvidenceDir  # noqa: E402
+from flight_profiler.agent.triggers.hang import HangTrigger  # noqa: E402
+from flight_profiler.agent.triggers.nan import NanTrigger  # noqa: E402
+from flight_profiler.agent.triggers.oom import OomTrigger  # noqa: E402
+
+
+def loop(kind: str) -> Callable[[], None]:
+    if kind == "small":
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                                    torch.nn.ReLU(), torch.nn.Linear(128, 1))
+        x = torch.randn(32, 64)
+    else:
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(3)])
+        x = torch.randn(128, 1024)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    return step
+
+
+def run_block(step: Callable[[], None], seconds: float, min_steps: int) -> tuple[float, float]:
+    """(CPU seconds of the whole process per step, wall seconds per step) over ``seconds`` and
+    at least ``min_steps`` steps."""
+    n, c0, t0 = 0, time.process_time(), time.perf_counter()
+    while True:
+        step()
+        n += 1
+        t1 = time.perf_counter()
+        if t1 - t0 >= seconds and n >= min_steps:
+            return (time.process_time() - c0) / n, (t1 - t0) / n
+
+
+def arm_all(out: str) -> tuple[Armory, NanTrigger]:
+    armory, state = Armory(), AgentState()
+    nan = NanTrigger(EvidenceDir(out, 1 << 30), 1, {})
+    armory.arm(HangTrigger(EvidenceDir(out, 1 << 30), 1, {}, seconds=600.0), state, None)
+    armory.arm(nan, state, None)
+    armory.arm(OomTrigger(EvidenceDir(out, 1 << 30), 1, {}, rss_limit=1 << 45), state, None)
+    return armory, nan
+
+
+def measure(kind: str, rounds: int, seconds: float, out: str) -> dict[str, Any]:
+    step = loop(kind)
+    for _ in range(20):
+        step()
+    cpu_ratios, wall_ratios, plain_cpu, nan_docs = [], [], [], []
+    min_steps = 200 if kind == "small" else 12
+    for r in range(rounds):
+        plain_first = r % 2 == 0
+        if plain_first:
+            plain = run_block(step, seconds, min_steps)
+        armory, nan = arm_all(out)
+        for _ in range(3):  # steady state: the first check warms torch's kernels up (once per arm)
+            step()
+        armed = run_block(step, seconds, min_steps)
+        nan_docs.append(nan.detail())
+        armory.disarm()
+        if not plain_first:
+            plain = run_block(step, seconds, min_steps)
+        # step rate armed / plain = time per step plain / armed
+        cpu_ratios.append(plain[0] / armed[0])
+        wall_ratios.append(plain[1] / armed[1])
+        plain_cpu.append(plain[0])
+    cpu = statistics.median(cpu_ratios)
+    last = nan_docs[-1]
+    return {"loop": kind, "plain_step_cpu_ms": round(1000 * statistics.median(plain_cpu), 3),
+            "armed_over_plain_rate_cpu": round(cpu, 4), "cost_pct": round(100 * (1 - cpu), 2),
+            "armed_over_plain_rate_wall": round(statistics.median(wall_ratios), 4),
+            "rounds": rounds, "nan_check_ms": last["check_ms"], "nan_checked_every": last["every"],
+            "nan_checks": last["checks"]}
+
+
+def fixed_cost(out: str, calls: int = 20000, rounds: int = 5) -> dict[str, Any]:
+    """The per-step cost of the armed hooks alone: ``optimizer.step()`` of a one-scalar SGD
+    (its own work is next to nothing), CPU time per call armed and plain, alternated."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    param.grad = torch.zeros(1)
+    opt = torch.optim.SGD([param], lr=0.0)
+
+    def block() -> float:
+        c0 = time.process_time()
+        for _ in range(calls):
+            opt.step()
+        return (time.process_time() - c0) / calls
+
+    plain, armed = [], []
+    for _ in range(rounds):
+        plain.append(block())
+        armory, _nan = arm_all(out)
+        armed.append(block())
+        armory.disarm()
+    p, a = statistics.median(plain), statistics.median(armed)
+    return {"plain_step_call_us": round(1e6 * p, 2), "armed_step_call_us": round(1e6 * a, 2),
+            "hooks_us_per_step": round(1e6 * (a - p), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # one core each: the machine is shared; ratios stay comparable
+    with tempfile.TemporaryDirectory(prefix="fp-bench-arm-") as tmp:
+        results = [measure(kind, args.rounds, args.seconds, tmp) for kind in ("small", "big")]
+        fixed = fixed_cost(tmp)
+    if args.json:
+        print(json.dumps({"loops": results, "fixed": fixed}, indent=2))
+        return
+    print(f"armed hooks per optimizer.step(): {fixed['hooks_us_per_step']} us CPU "
+          f"({fixed['plain_step_call_us']} us plain call of a one-scalar SGD step, "
+          f"{fixed['armed_step_call_us']} us armed; includes the paced NaN check)")
+    for res in results:
+        print(f"{res['loop']:>5} loop: {res['plain_step_cpu_ms']} ms CPU per step plain; armed/plain "
+              f"step rate {res['armed_over_plain_rate_cpu']} by CPU time (cost {res['cost_pct']} %), "
+              f"{res['armed_over_plain_rate_wall']} by wall time (noisy when the machine is shared); "
+              f"NaN check {res['nan_check_ms']} ms, on one step in {res['nan_checked_every']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Evidence an armed trigger wrote (``arm --on hang|nan|oom``): one finding per event, naming
+the line the job hung on, the step and parameters the NaN hit, or the allocation that failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flight_profiler.report.models import Finding, InputResult
+from flight_profiler.report.rules import Context, Rule
+from flight_profiler.report.units import fmt_bytes
+
+
+def _at(frame: dict[str, Any] | None) -> str:
+    if not frame:
+        return "an unknown line"
+    return f"{frame['function']} at {frame['file']}:{frame['line']}"
+
+
+def _who(ev: dict[str, Any]) -> str:
+    rank = f" rank {ev['rank']}" if ev.get("rank") is not None else ""
+    return f"pid {ev.get('pid')}{rank}"
+
+
+def _common(ev: dict[str, Any], inp: InputResult) -> list[str]:
+    out = [f"evidence: {ev['dir'] or inp.path} ({', '.join(ev['files']) or 'event.json only'})"]
+    if ev.get("dropped"):
+        out.append(f"{ev['dropped']} file(s) dropped by the disk cap")
+    if ev.get("capture_error"):
+        out.append(f"capture incomplete: {ev['capture_error']}")
+    return out
+
+
+def _hang(ev: dict[str, Any], inp: InputResult) -> Finding:
+    where = ev.get("where")
+    evidence = [f"no progress for {ev.get('stalled_s') or 0:.0f} s (armed at {ev.get('seconds') or 0:g} s) "
+                f"after step {ev.get('step')}"]
+    for t in ev["threads"][:4]:
+        evidence.append(f"thread {t['thread']} stopped in {_at(t['where'])}")
+    if ev.get("fr"):
+        evidence.append(f"no Flight Recorder dump: {ev['fr']}")
+    elif "fr_trace.pickle" in ev["files"]:
+        evidence.append("Flight Recorder dump: fr_trace.pickle (torch's format)")
+    return Finding(
+        rule="arm-hang", severity="critical", title=f"Hang caught by the armed trigger ({_who(ev)})",
+        summary=f"The job stopped making progress in {_at(where)}.",
+        root_cause=f"{_who(ev)} waited in {_at(where)} and never came back",
+        evidence=evidence + _common(ev, inp),
+        where=[f"{where['file']}:{where['line']}"] if where else [],
+        fix=["Read the line above: a queue or a DataLoader whose producer died, a collective "
+             "another rank never joined, a lock never released.",
+             "stacks.json beside event.json has every thread's stack at that moment."],
+        inputs=[inp.path], metrics={"step": ev.get("step"), "stalled_s": ev.get("stalled_s")},
+        ranks=[ev["rank"]] if ev.get("rank") is not None else None)
+
+
+def _nan(ev: dict[str, Any], inp: InputResult) -> Finding:
+    params = ev["first_params"]
+    names = [p["name"] or f"group {p['group']} param {p['index']}" for p in params]
+    clean = ev.get("clean_at_step")
+    since = (f" (last checked clean at step {clean})" if clean is not None else "")
+    evidence = [f"non-finite gradients at step {ev.get('step')}{since}: {ev.get('params_hit')} of "
+                f"{ev.get('params_checked')} parameters"]
+    for p, name in zip(params[:6], names):
+        evidence.append(f"{name} {tuple(p['shape'])}: {p['nonfinite']} of {p['elements']} gradient "
+                        f"elements non-finite; the parameter itself "
+                        f"{'still finite' if p['param_finite'] else 'non-finite now'}")
+    if (ev.get("checked_every") or 1) > 1:
+        evidence.append(f"checked one step in {ev['checked_every']} (the check's own cost kept under 0.3 % of the step)")
+    return Finding(
+        rule="arm-nan", severity="critical",
+        title=f"First non-finite gradient at step {ev.get('step')} ({_who(ev)})",
+        summary=f"Gradients went non-finite at step {ev.get('step')}, first in {', '.join(names[:3]) or '?'}.",
+        root_cause=f"step {ev.get('step')}: non-finite gradient in {', '.join(names[:3]) or '?'}",
+        evidence=evidence + _common(ev, inp), where=names[:6],
+        fix=["Find the op: `torch anomaly` on the step method for one step, or lower the learning "
+             "rate / clip gradients (torch.nn.utils.clip_grad_norm_) / check the loss for log(0), "
+             "division by zero, fp16 overflow (use a GradScaler)."],
+        inputs=[inp.path], metrics={"step": ev.get("step"), "params": names[:20]},
+        ranks=[ev["rank"]] if ev.get("rank") is not None else None)
+
+
+def _oom(ev: dict[str, Any], inp: InputResult) -> Finding:
+    where = ev.get("where")
+    sig = ev.get("signal")
+    if sig == "rss":
+        what = (f"RSS {fmt_bytes(ev.get('rss_bytes') or 0)} passed the limit "
+                f"{fmt_bytes(ev.get('rss_limit') or 0)}")
+    elif sig == "cuda":
+        what = (f"CUDA allocation of {fmt_bytes(ev.get('alloc_bytes') or 0)} failed on device "
+                f"{ev.get('device')}")
+    else:
+        what = f"{ev.get('error') or 'out of memory'} (RSS {fmt_bytes(ev.get('rss_bytes') or 0)})"
+    evidence = [what]
+    if where:
+        evidence.append(f"in {_at(where)}")
+    for h in ev["census_top"]:
+        evidence.append(f"held: {h['path']} {fmt_bytes(h['bytes'] or 0)}")
+    return Finding(
+        rule="arm-oom", severity="critical", title=f"Out of memory caught by the armed trigger ({_who(ev)})",
+        summary=what + (f", in {_at(where)}" if where else "") + ".",
+        root_cause=what, evidence=evidence + _common(ev, inp),
+        where=[f"{where['file']}:{where['line']}"] if where else [],
+        fix=["census.json / memory_snapshot.pickle beside event.json say who held the memory: "
+             "`flight_profiler report` them; free what is kept across steps, lower the batch size."],
+        inputs=[inp.path], metrics={"signal": sig, "rss_bytes": ev.get("rss_bytes")},
+        ranks=[ev["rank"]] if ev.get("rank") is not None else None)
+
+
+def check(ctx: Context) -> list[Finding]:
+    out = []
+    for inp in ctx.arm_events:
+        ev = inp.data
+        make = {"hang": _hang, "nan": _nan, "oom": _oom}.get(ev.get("kind", ""))
+        if make is not None:
+            out.append(make(ev, inp))
+    return out
+
+
+RULE = Rule("arm-events", "Evidence of armed triggers", check)

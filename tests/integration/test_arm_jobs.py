@@ -1,0 +1,222 @@
+"""`arm`: triggers left in a real job that fire after the CLI is gone (docs/arm.md).
+
+The jobs are written as users write them: the model and optimizer in main()'s locals, a data
+queue fed by a worker thread; the hang is the producer dying after N batches, so the main thread
+blocks in queue.get() forever; the NaN is a learning rate that blows up after N steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import Target, spawn, temp_dir, torch_available
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not torch_available(), reason="needs torch in the test interpreter's venv"),
+]
+
+CLI = [sys.executable, "-m", "flight_profiler"]
+ENV = {**os.environ, "COLUMNS": "200"}
+
+HANG_JOB = """
+import queue, sys, threading, time
+import torch
+
+def producer(q, n):
+    for i in range(n):
+        q.put(torch.randn(16, 8))
+        time.sleep(0.05)
+    # the producer dies quietly: the consumer waits for ever
+
+def main():
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    q = queue.Queue()
+    go = sys.argv[1]
+    print("READY", flush=True)
+    import os
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    threading.Thread(target=producer, args=(q, 20), daemon=True).start()
+    step = 0
+    while True:
+        x = q.get()                                   # HANG-LINE
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        print(f"step {step}", flush=True)
+
+main()
+"""
+
+NAN_JOB = """
+import os, sys, time
+import torch
+import torch.optim.optimizer as optimizer_module
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    go = sys.argv[1]
+    print("READY", flush=True)
+    step = 0
+    while True:
+        x = torch.randn(32, 8)
+        loss = (model(x) - 1).pow(2).mean()
+        if step == int(os.environ.get("NAN_AT", "40")) and os.path.exists(go):
+            loss = loss * float("inf")               # the loss blows up
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if os.path.exists(go):
+            step += 1
+        hooks = (len(optimizer_module._global_optimizer_pre_hooks),
+                 len(optimizer_module._global_optimizer_post_hooks))
+        print(f"step {step} hooks {hooks[0]} {hooks[1]}", flush=True)
+        time.sleep(0.01)
+
+main()
+"""
+
+
+def cli(pid: int, command: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, str(pid), *extra, "--cmd", command], capture_output=True,
+                          text=True, timeout=timeout, env=ENV)
+
+
+def cli_json(pid: int, command: str) -> dict[str, Any]:
+    proc = cli(pid, command, "--json")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc: dict[str, Any] = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()][-1]
+    return doc
+
+
+def events(out: Path, timeout: float) -> list[Path]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(p for p in out.iterdir() if not p.name.startswith("."))
+        if found:
+            return found
+        time.sleep(0.2)
+    return []
+
+
+def status_arm(pid: int) -> dict[str, Any]:
+    arm: dict[str, Any] = cli_json(pid, "status").get("arm") or {}
+    return arm
+
+
+def start(code: str, env: dict[str, str] | None = None) -> tuple[Target, Path, Path]:
+    go = temp_dir("fp-arm-go-") / "go"
+    out = temp_dir("fp-arm-out-") / "evidence"
+    return spawn(code, args=(str(go),), timeout=60, env=env), go, out
+
+
+def test_hang_fires_after_the_cli_is_gone_and_names_the_line():
+    target, go, out = start(HANG_JOB)
+    try:
+        proc = cli(target.pid, f"arm --on hang 3 --out {out}")
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        assert "armed in pid" in proc.stdout
+        go.touch()  # the job starts its steps only now: the CLI has exited already
+        target.wait_for(r"step 20\b", 60)
+        (event,) = events(out, 30)
+        doc = json.loads((event / "event.json").read_text())
+        assert doc["trigger"] == "hang" and doc["step"] >= 20
+        where = doc["where"]
+        assert where["file"].endswith("target_main.py") and where["function"] == "main"
+        line = Path(where["file"]).read_text().splitlines()[where["line"] - 1]
+        assert "HANG-LINE" in line, line
+        assert doc["stalled_s"] >= 3
+        stacks = json.loads((event / "stacks.json").read_text())
+        assert any(t.get("main") for t in stacks["threads"])
+        assert "torch.distributed" in doc["fr"]  # said why there is no Flight Recorder dump
+        report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True,
+                                timeout=120, env=ENV)
+        assert report.returncode == 0, report.stderr
+        assert f"target_main.py:{where['line']}" in report.stdout, report.stdout
+        assert "hang" in report.stdout.lower()
+        assert target.alive()
+    finally:
+        target.stop()
+
+
+def test_cli_killed_after_arm_the_nan_trigger_still_fires():
+    target, go, out = start(NAN_JOB, env={"NAN_AT": "30"})
+    try:
+        target.wait_for(r"step 0", 60)
+        # the CLI is SIGKILLed as soon as the agent answered: nothing it would do on exit runs
+        popen = subprocess.Popen([*CLI, str(target.pid), "--cmd", f"arm --on nan --out {out}"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                                 start_new_session=True)
+        assert popen.stdout is not None
+        assert "armed in pid" in popen.stdout.readline()
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(10)
+        go.touch()
+        (event,) = events(out, 60)
+        doc = json.loads((event / "event.json").read_text())
+        assert doc["trigger"] == "nan"
+        assert doc["step"] >= 30
+        first = doc["first_params"]
+        assert first and first[0]["name"] in {"0.weight", "0.bias", "2.weight", "2.bias"}, first
+        assert first[0]["nonfinite_grad_elements"] > 0
+        assert doc["clean_at_step"] is not None and doc["clean_at_step"] < doc["step"]
+        report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True,
+                                timeout=120, env=ENV)
+        assert f"step {doc['step']}" in report.stdout, report.stdout
+        assert first[0]["name"] in report.stdout
+        # spent (max-fires 1): the watcher disarmed it, hooks and thread gone
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and status_arm(target.pid).get("armed"):
+            time.sleep(0.2)
+        arm = status_arm(target.pid)
+        assert arm["armed"] == [] and arm["step_clock"] is None and not arm["watcher"]
+        assert target.alive()
+    finally:
+        target.stop()
+
+
+def test_disarm_leaves_no_hooks_and_no_threads():
+    target, _, out = start(NAN_JOB)
+    try:
+        target.wait_for(r"step 0", 60)
+        before = cli_json(target.pid, "status")
+        assert before["active_hooks"] == []
+        for command in (f"arm --on nan --out {out}", f"arm --on hang 600 --out {out}",
+                        f"arm --on oom --rss-limit 64G --out {out}"):
+            cli_json(target.pid, command)
+        armed = cli_json(target.pid, "status")
+        assert [t["kind"] for t in armed["arm"]["armed"]] == ["nan", "hang", "oom"]
+        assert any(h.startswith("arm:") for h in armed["active_hooks"])
+        assert armed["threads"]["agent"] == before["threads"]["agent"] + 1  # the watcher
+        mark = len(target.stdout)
+        target.wait_for(r"step \d+ hooks 1 1", 30, start=mark)  # the step clock's two hooks
+        result = cli_json(target.pid, "disarm")
+        assert len(result["disarmed"]) == 3
+        assert all(not t["left_behind"] for t in result["disarmed"]), result
+        after = cli_json(target.pid, "status")
+        assert after["active_hooks"] == []
+        assert after["arm"]["armed"] == [] and after["arm"]["step_clock"] is None
+        assert not after["arm"]["watcher"]
+        assert after["threads"]["agent"] == before["threads"]["agent"]
+        mark = len(target.stdout)
+        target.wait_for(r"step \d+ hooks 0 0\n.*step \d+ hooks 0 0", 30, start=mark)
+        assert " hooks 1 " not in target.stdout[mark:]
+        assert target.alive()
+    finally:
+        target.stop()
