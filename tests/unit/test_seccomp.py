@@ -172,6 +172,7 @@ def test_a_sandboxed_target_in_uninterruptible_sleep_is_refused_before_any_stop(
     monkeypatch.setattr(ptrace_inject, "read_status",
                         lambda pid: "Seccomp:\t2\nSeccomp_filters:\t1\n")
     monkeypatch.setattr(ptrace, "thread_state", lambda pid, tid: "D")
+    monkeypatch.setattr(ptrace, "D_PATIENCE_S", 0.05)
 
     def no_stop(*a: object) -> object:
         raise AssertionError("the filters were read in a stop")
@@ -184,3 +185,13 @@ def test_a_sandboxed_target_in_uninterruptible_sleep_is_refused_before_any_stop(
     # THEN one line says why and when to retry, exit 6, and it was never stopped
     assert "uninterruptible sleep" in str(err.value) and err.value.exit_code == ExitCode.ATTACH_FAILED
     assert "retry when its I/O completes" in err.value.hint
+
+
+def test_a_thread_passing_through_disk_sleep_is_not_stuck(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CUDA job's main thread is in "D" for moments inside the driver's ioctls (one look
+    # refused an attach on an H100): only a thread that stays there is stuck.
+    looks = iter(["D", "D", "D", "S"])
+    monkeypatch.setattr(ptrace, "thread_state", lambda pid, tid: next(looks, "S"))
+    assert ptrace.stuck_in_disk_sleep(4242, 4242, patience=1.0) is False
+    monkeypatch.setattr(ptrace, "thread_state", lambda pid, tid: "D")
+    assert ptrace.stuck_in_disk_sleep(4242, 4242, patience=0.05) is True

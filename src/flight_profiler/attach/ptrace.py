@@ -131,6 +131,23 @@ def thread_state(pid: int, tid: int) -> str:
         return "?"
 
 
+# A GPU job's main thread passes through uninterruptible sleep inside the driver many times a
+# second (ioctl waits: seen on an H100, where one look at a CUDA job refused the attach); I/O
+# that really blocks stays there. So a thread counts as stuck in "D" only if it stays there.
+D_PATIENCE_S = 2.0
+
+
+def stuck_in_disk_sleep(pid: int, tid: int, patience: float | None = None) -> bool:
+    """Whether the thread is in uninterruptible sleep at every look over ``patience`` seconds
+    (D_PATIENCE_S by default)."""
+    deadline = time.monotonic() + (D_PATIENCE_S if patience is None else patience)
+    while thread_state(pid, tid) == "D":
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.005)
+    return False
+
+
 @contextmanager
 def signals_held() -> Iterator[None]:
     """Hold SIGINT/SIGTERM/SIGHUP/SIGQUIT for the caller while a thread of the target is borrowed.
@@ -188,7 +205,7 @@ class Tracee:
         self.detach()
 
     def attach(self) -> None:
-        if thread_state(self.pid, self.tid) == "D":
+        if stuck_in_disk_sleep(self.pid, self.tid):
             # An interrupt would only take effect when the I/O ends; the thread stays ours
             # until then. Refuse instead of waiting an unknown time.
             raise PtraceError("the main thread is in uninterruptible sleep (disk or network "

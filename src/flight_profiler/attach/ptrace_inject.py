@@ -215,7 +215,7 @@ def sandbox_verdict(target: TargetInfo, say: Callable[[str], None]) -> seccomp.S
     anything is done to it (the filters are read in a stop of their own)."""
     status = seccomp.parse_status(read_status(target.pid))
     seccomp.check_status(target.pid, status)
-    if status.mode == 2 and ptrace.thread_state(target.pid, target.pid) == "D":
+    if status.mode == 2 and ptrace.stuck_in_disk_sleep(target.pid, target.pid):
         raise _attach_error(target.pid, ptrace.PtraceError(
             "the main thread is in uninterruptible sleep (disk or network file system I/O)",
             errno.EBUSY))

@@ -49,8 +49,15 @@ def _names(torch: Any, params: list[Any]) -> dict[int, str]:
     module_type = getattr(getattr(torch, "nn", None), "Module", None)
     if module_type is None:
         return best
+    # type() + issubclass: isinstance() reads __class__, which on torch's deprecated module
+    # proxies (torch.distributed.reduce_op) printed a FutureWarning into the job's stderr (H100).
+    memo: dict[type, bool] = {}
     for obj in gc.get_objects():
-        if not isinstance(obj, module_type):
+        t = type(obj)
+        hit = memo.get(t)
+        if hit is None:
+            hit = memo[t] = issubclass(t, module_type)
+        if not hit:
             continue
         try:
             found = {id(p): name for name, p in obj.named_parameters() if id(p) in wanted}
