@@ -144,7 +144,7 @@ def test_cuda_oom_observer_writes_a_snapshot_and_history_is_turned_off_again(
     notes = trigger.install()
     try:
         assert any("OOM observer attached" in n for n in notes)
-        assert cuda.history == [{"max_entries": 100_000}]
+        assert cuda.history == [{"enabled": "all", "max_entries": 100_000}]
         (observer,) = observers
         observer(0, 1 << 30, 5 << 30, 1 << 20)  # what torch calls at a failed allocation
         (event,) = [p for p in (tmp_path / "ev").iterdir() if not p.name.startswith(".")]
@@ -252,7 +252,7 @@ def test_naming_the_parameters_hit_prints_no_warning_into_the_job() -> None:
     import warnings
 
     import torch
-    import torch.distributed  # noqa: F401  (the proxy lives there)
+    import torch.distributed  # the proxy lives there
 
     from flight_profiler.agent.triggers import nan
 

@@ -199,6 +199,8 @@ def test_cuda_history_on_off(fake_cuda):
     run_handler("torch memory", {"mode": "history", "history": "on", "max_entries": 5000})
     run_handler("torch memory", {"mode": "history", "history": "off"})
     assert fake_cuda["calls"] == [("all", {"max_entries": 5000}), (None, {})]
+    # on and off from two requests (two agent threads), switched by one thread of ours
+    assert fake_cuda["threads"] == ["flight_profiler-cuda-history"] * 2
 
 
 def test_cuda_record_enables_then_restores_history(fake_cuda, work, tmp_path):
@@ -221,7 +223,10 @@ def test_cuda_record_enables_then_restores_history(fake_cuda, work, tmp_path):
     # both in the agent's thread: torch keeps history's annotation callback in the thread that
     # enabled it (enabled in the target's, disabled in the agent's, torch printed "Requested
     # callback is not found" into the target's stderr on an H100)
-    assert fake_cuda["threads"] == ["fp-test-agent", "fp-test-agent"]
+    assert fake_cuda["threads"] == ["flight_profiler-cuda-history"] * 2
+    from flight_profiler.agent import cuda_history
+
+    assert cuda_history.owner_thread() is None  # history off: its thread is gone
     snap = load_plain(path)
     check_schema(snap, "cuda")
     # the entry from before the recording window (time_us 1.0) was trimmed away

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from .. import call_window, memory_snapshot
+from .. import call_window, cuda_history, memory_snapshot
 from ..profiler_sessions import PerCall
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
@@ -152,9 +152,9 @@ def _history(ctx: Context, torch: Any) -> dict[str, Any]:
             "allocations with Python stacks through the profiler", ERR_USAGE)
     max_entries = int(ctx.arg("max_entries") or DEFAULT_MAX_ENTRIES)
     if on:
-        torch.cuda.memory._record_memory_history(enabled="all", max_entries=max_entries)
+        cuda_history.switch_on(torch, max_entries)
     else:
-        torch.cuda.memory._record_memory_history(enabled=None)
+        cuda_history.switch_off(torch)
     return {"mode": "history", "recording": on, "max_entries": max_entries if on else None,
             "note": ("later snapshots carry allocation stacks; recording costs a little time per "
                      "allocation and a ring buffer of max_entries entries"
@@ -256,20 +256,17 @@ def _record_cuda(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, tim
     def stop(index: int) -> None:
         window["end"] = time.time() * 1e6
 
-    # History is switched on and off here, in this request's thread, never from the hook in the
-    # target's thread: torch registers its annotation callback thread-locally in the thread that
-    # enables history, so enabling it in the target's thread left a callback on that thread and
-    # made torch print "Requested callback is not found" into the target's stderr when another
-    # thread disabled it (seen on an H100, torch 2.11). The entries before the first call are
-    # trimmed below.
+    # History is switched on and off by one agent thread (cuda_history.py: torch keeps its
+    # annotation callback in the thread that switches it on), never from the hook in the
+    # target's thread. The entries before the first call are trimmed below.
     if not was_recording:
-        memory._record_memory_history(enabled="all", max_entries=max_entries)
+        cuda_history.switch_on(torch, max_entries)
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, start, stop, what="memory recording")
         snap = memory_snapshot.cuda_snapshot(torch, label)
     finally:
         if not was_recording:
-            memory._record_memory_history(enabled=None)
+            cuda_history.switch_off(torch)
     memory_snapshot.trim_traces(snap, window.get("start", 0.0), window.get("end", time.time() * 1e6))
     snap["flight_profiler"]["calls"] = info["calls_recorded"]
     return snap, info

@@ -22,6 +22,7 @@ import sys
 import threading
 from typing import Any
 
+from .. import cuda_history
 from . import capture
 from .base import Trigger
 from .evidence import Event, EvidenceDir
@@ -76,7 +77,7 @@ class OomTrigger(Trigger):
         try:
             if cuda is None or attach is None or not cuda.is_initialized():
                 return []
-            cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
+            cuda_history.switch_on(torch, HISTORY_ENTRIES)
             self._history_ours = True
             attach(self._cuda_oom)
             self._cuda = True
@@ -97,7 +98,7 @@ class OomTrigger(Trigger):
         if self._history_ours:
             torch = sys.modules.get("torch")
             try:
-                torch.cuda.memory._record_memory_history(enabled=None)  # type: ignore[union-attr]
+                cuda_history.switch_off(torch)
             except Exception as exc:
                 left.append(f"CUDA memory history not turned off: {exc}")
             self._history_ours = False
