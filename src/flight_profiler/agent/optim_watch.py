@@ -9,13 +9,13 @@ methods (subclasses rarely override them). Counts are kept by object id; no obje
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from . import hooks, targets
+from .gc_walk import live_instances
 from .registry import Context
 
 _ZERO_GRAD = (
@@ -72,15 +72,7 @@ def find_optimizers(torch: Any, param_owner: dict[int, int], module_ids: list[se
     if opt_type is None:
         return []
     out = []
-    # type() + issubclass: isinstance() reads __class__, which warns on some torch proxies.
-    memo: dict[type, bool] = {}
-    for o in gc.get_objects():
-        t = type(o)
-        hit = memo.get(t)
-        if hit is None:
-            hit = memo[t] = issubclass(t, opt_type)
-        if not hit:
-            continue
+    for o in live_instances(opt_type):
         try:
             ids = [id(p) for group in o.param_groups for p in group["params"]]
             lr = o.param_groups[0].get("lr") if o.param_groups else None
@@ -103,19 +95,13 @@ def find_grad_scalers(torch: Any) -> list[Any]:
                   if isinstance(t, type))
     if not types:
         return []
-    memo: dict[type, bool] = {}
     out = []
-    for o in gc.get_objects():
-        t = type(o)
-        hit = memo.get(t)
-        if hit is None:
-            hit = memo[t] = issubclass(t, types)
-        if hit:
-            try:
-                if o.is_enabled():
-                    out.append(o)
-            except Exception:  # a half-built scaler
-                continue
+    for o in live_instances(types):
+        try:
+            if o.is_enabled():
+                out.append(o)
+        except Exception:  # a half-built scaler
+            continue
     return out
 
 

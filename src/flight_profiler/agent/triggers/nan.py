@@ -17,12 +17,12 @@ finite, and every thread's stack.
 
 from __future__ import annotations
 
-import gc
 import math
 import sys
 import time
 from typing import Any
 
+from ..gc_walk import live_instances
 from . import capture
 from .base import Trigger
 from .evidence import Event, EvidenceDir
@@ -49,16 +49,7 @@ def _names(torch: Any, params: list[Any]) -> dict[int, str]:
     module_type = getattr(getattr(torch, "nn", None), "Module", None)
     if module_type is None:
         return best
-    # type() + issubclass: isinstance() reads __class__, which on torch's deprecated module
-    # proxies (torch.distributed.reduce_op) printed a FutureWarning into the job's stderr (H100).
-    memo: dict[type, bool] = {}
-    for obj in gc.get_objects():
-        t = type(obj)
-        hit = memo.get(t)
-        if hit is None:
-            hit = memo[t] = issubclass(t, module_type)
-        if not hit:
-            continue
+    for obj in live_instances(module_type):
         try:
             found = {id(p): name for name, p in obj.named_parameters() if id(p) in wanted}
         except Exception:
