@@ -36,6 +36,28 @@ def test_oom_from_fragmentation_suggests_expandable_segments(tmp_path: Path) -> 
     assert "expandable_segments" in f.fix[0]
 
 
+def test_each_oom_is_told_once_across_snapshots_of_one_history(tmp_path: Path) -> None:
+    # arm --on oom fired twice: the second snapshot's history ring still holds the first OOM.
+    def snap(sizes: list[int], when: float) -> dict:  # type: ignore[type-arg]
+        s = snapshot(allocated=[(6000 * MiB, "train.py", 42)], inactive=[10 * MiB],
+                     fp={"device_type": "cuda", "pid": 7, "time": when, "label": "oom"})
+        s["device_traces"][0] = [
+            {"action": "oom", "addr": 0, "size": size * MiB, "stream": 0, "time_us": 100 + i,
+             "device_free": 5 * MiB, "frames": [{"filename": "train.py", "line": 88 + i,
+                                                  "name": "forward"}]}
+            for i, size in enumerate(sizes)]
+        return s
+    first = write_pickle(tmp_path / "a.pickle", snap([512], 1.0))
+    second = write_pickle(tmp_path / "b.pickle", snap([512, 1024], 2.0))
+    found = _rules(analyze([str(second), str(first)]), "oom")
+    assert sorted(f.metrics["requested"] for f in found) == [512 * MiB, 1024 * MiB]
+    (later,) = [f for f in found if f.metrics["requested"] == 1024 * MiB]
+    assert later.metrics["earlier_ooms"] == 1
+    assert any("1 earlier OOM(s)" in e and "train.py:88" in e for e in later.evidence)
+    (alone,) = _rules(analyze([str(second)]), "oom")  # its own history: the latest is the finding
+    assert alone.metrics["requested"] == 1024 * MiB
+
+
 def test_fragmentation_fires_and_says_expandable_segments_is_off(tmp_path: Path) -> None:
     snap = snapshot(allocated=[(8 * MiB, "train.py", 5)] * 100, inactive=[20 * MiB] * 100)
     (f,) = _rules(analyze([str(write_pickle(tmp_path / "frag.pickle", snap))]), "fragmentation")

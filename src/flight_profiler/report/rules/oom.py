@@ -7,6 +7,8 @@ Traces: peak reserved memory above 90 % of the device's memory (torch-tb-profile
 
 from __future__ import annotations
 
+from typing import Any
+
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules import Context, Rule, label
 from flight_profiler.report.thresholds import T
@@ -21,11 +23,31 @@ FIX = [
 ]
 
 
+def _key(pid: object, oom: dict[str, Any]) -> tuple[object, ...]:
+    return (pid, oom["device"], oom["time_us"], oom["requested"], oom["where"])
+
+
 def check(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
-    for snap in ctx.snapshots:
+    # A snapshot's history ring holds every OOM still in it: an `arm --on oom` that fired twice
+    # wrote two snapshots, the second holding both OOMs. Each OOM is told once, by the first
+    # snapshot (in time) where it is the latest on its device: that snapshot's live allocations
+    # are the state closest after it; older OOMs of a history are evidence, not findings.
+    told: set[tuple[object, ...]] = set()
+    for snap in sorted(ctx.snapshots, key=lambda s: s.data["time"] or 0.0):
         d = snap.data
+        latest: dict[int, dict[str, Any]] = {}
+        earlier: dict[int, list[dict[str, Any]]] = {}
         for oom in d["ooms"]:
+            prev = latest.get(oom["device"])
+            if prev is not None:
+                earlier.setdefault(oom["device"], []).append(prev)
+            latest[oom["device"]] = oom
+        for oom in latest.values():
+            if _key(d["pid"], oom) in told:
+                continue
+            told.add(_key(d["pid"], oom))
+            before = earlier.get(oom["device"], [])
             dev = d["devices"].get(str(oom["device"]), {})
             largest = dev.get("largest_free_block", 0)
             inactive = dev.get("inactive_bytes", 0)
@@ -46,7 +68,10 @@ def check(ctx: Context) -> list[Finding]:
                           f"allocated {dev.get('allocated')} bytes, reserved {dev.get('reserved')} bytes",
                           f"cached free (inactive) {inactive} bytes, largest free block {largest} bytes"]
                 + [f"live: {s['site']}: {fmt_bytes(s['bytes'])} in {s['count']} blocks"
-                   for s in d["sites"][:5] if s["device"] == oom["device"]],
+                   for s in d["sites"][:5] if s["device"] == oom["device"]]
+                + ([f"{len(before)} earlier OOM(s) on this device in the history, the last: "
+                    f"{fmt_bytes(before[-1]['requested'])} requested at {before[-1]['where']}"]
+                   if before else []),
                 where=[f"failed at {oom['where']}"]
                 + [f"{s['site']} holds {fmt_bytes(s['bytes'])}" for s in d["sites"][:5]
                    if s["device"] == oom["device"]],
@@ -56,7 +81,8 @@ def check(ctx: Context) -> list[Finding]:
                             "The live allocations above fill the device; the request cannot fit."),
                 metrics={"requested": oom["requested"], "device_free": oom["device_free"],
                          "largest_free_block": largest, "allocated": dev.get("allocated"),
-                         "reserved": dev.get("reserved"), "fragmentation": frag},
+                         "reserved": dev.get("reserved"), "fragmentation": frag,
+                         "earlier_ooms": len(before)},
             ))
     for tr in ctx.traces:
         totals = {p.get("id"): p.get("total_memory") for p in tr.data.get("device_properties", [])}
