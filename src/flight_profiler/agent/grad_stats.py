@@ -13,38 +13,21 @@ Nothing here is kept after a measurement: results are plain floats and strings.
 
 from __future__ import annotations
 
-import gc
 import math
 import threading
 import time
 from typing import Any
 
 from . import holder_paths
+from .gc_walk import GcWalk
 
 MAX_LAYERS = 2000
-_CHUNK = 65536
 
 
 def find_models(torch: Any, seconds: float = 5.0) -> list[tuple[Any, list[tuple[str, Any]]]]:
     """[(root module, [(qualified param name, param)] in module order)], biggest model first."""
     module_type = torch.nn.Module
-    deadline = time.monotonic() + seconds
-    objects = gc.get_objects()
-    found: list[Any] = []
-    is_module: dict[type, bool] = {}
-    try:
-        for i in range(0, len(objects), _CHUNK):
-            for o in objects[i:i + _CHUNK]:
-                t = type(o)
-                hit = is_module.get(t)
-                if hit is None:
-                    hit = is_module[t] = issubclass(t, module_type)
-                if hit:
-                    found.append(o)
-            if time.monotonic() > deadline:
-                break
-    finally:
-        del objects
+    found = list(GcWalk(module_type, deadline=time.monotonic() + seconds))
     children: set[int] = set()
     for m in found:
         try:

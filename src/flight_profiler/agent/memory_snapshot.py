@@ -16,6 +16,7 @@ import time
 import warnings
 from typing import Any
 
+from .gc_walk import live_instances
 from .torch_support import plain
 
 _LARGE = 1 << 20  # the CUDA allocator's small/large pool boundary
@@ -34,14 +35,7 @@ def cpu_snapshot(torch: Any, label: str) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            is_tensor: dict[type, bool] = {}
-            for o in gc.get_objects():
-                t = type(o)
-                hit = is_tensor.get(t)
-                if hit is None:
-                    hit = is_tensor[t] = issubclass(t, tensor_type)
-                if not hit:
-                    continue
+            for o in live_instances(tensor_type):
                 try:
                     if o.device.type != "cpu" or o.layout != torch.strided:
                         continue

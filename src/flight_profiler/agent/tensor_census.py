@@ -24,13 +24,13 @@ import weakref
 from typing import Any
 
 from . import census_history, holder_paths
+from .gc_walk import GcWalk
 from .graph_limits import safe_graph_nodes
 
 FORMAT = "flight_profiler.census"
 VERSION = 1
 MAX_GROUPS = 500
 MAX_HOLDERS = 500
-_CHUNK = 65536
 
 
 class Budget:
@@ -56,33 +56,12 @@ def _storage(torch: Any, t: Any) -> tuple[str, int, int] | None:
 
 def _scan(torch: Any, budget: Budget, skipped: list[str]) -> tuple[list[Any], int]:
     """Live tensors among gc-tracked objects (torch.Tensor objects are gc-tracked)."""
-    tensor_type = torch.Tensor
-    objects = gc.get_objects()
-    total = len(objects)
-    tensors: list[Any] = []
-    limit = min(total, budget.objects)
-    # type() then a memo of issubclass: isinstance() would read ``__class__``, which runs
-    # arbitrary code on proxies (and emits deprecation warnings on some torch objects).
-    is_tensor: dict[type, bool] = {}
-    append = tensors.append
-    i = 0
-    while i < limit:
-        for o in objects[i : i + _CHUNK]:
-            t = type(o)
-            hit = is_tensor.get(t)
-            if hit is None:
-                hit = is_tensor[t] = issubclass(t, tensor_type)
-            if hit:
-                append(o)
-        o = None
-        i += _CHUNK
-        if time.monotonic() > budget.deadline:
-            break
-    unscanned = total - min(i, limit)
-    del objects
-    if unscanned > 0:
-        skipped.append(f"{unscanned} of {total} gc objects not scanned (time or object budget)")
-    return tensors, unscanned
+    walk = GcWalk(torch.Tensor, deadline=budget.deadline, limit=budget.objects)
+    tensors = list(walk)
+    if walk.unscanned > 0:
+        skipped.append(f"{walk.unscanned} of {walk.total} gc objects not scanned "
+                       "(time or object budget)")
+    return tensors, walk.unscanned
 
 
 # Reading a graph's saved tensor (``node._saved_self``) makes a Python tensor object that PyTorch
