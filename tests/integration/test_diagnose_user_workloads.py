@@ -134,3 +134,14 @@ def test_tensor_walks_never_race_torch_work_in_worker_threads(tmp_path: Path) ->
         assert job.alive(), job.stderr[-2000:]
     finally:
         job.stop()
+
+
+def test_validation_without_no_grad_is_found_with_forward_named(tmp_path: Path) -> None:
+    # The profile holds a few steps; the validation pass (once an epoch) is seen live: its
+    # forward calls build graphs that no backward reads, between calls whose graphs are read.
+    result = diagnose(tmp_path, "validate_with_grad", ["__main__", "MLP", "forward"])
+    (e,) = findings(result, "eval-with-grad")
+    assert e["severity"] == "warning" and "no_grad" in " ".join(e["fix"])
+    assert any(w.startswith("validate at target_main.py:") for w in e["where"]), e["where"]
+    assert not [f for f in result["findings"] if f["severity"] in SEVERE and f["rule"] in
+                ("memory-leak", "graph-retention", "idle-loop")]

@@ -194,7 +194,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         # three censuses, each right after a call of the method, each compared with the last
         f"torch tensors __main__ train_step -f {out}/census-middle.json --diff {out}/census-before.json "
         "--timeout 7",
-        "torch dataloader --sample 2",
+        "torch dataloader __main__ train_step --sample 2",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
         f"torch tensors __main__ train_step -f {out}/census-after.json --diff {out}/census-middle.json "
         "--timeout 7",
@@ -381,8 +381,9 @@ def test_input_bound_method_names_the_wait_and_fixes_from_the_real_settings(
     driver = FakeDriver(overrides={"watch __main__ train_step --expr cost -n 4": slow_loader_watch,
                                    "torch dataloader": slow_loader_state})
     result = run_diagnosis(driver, options)
-    # THEN the stacks were sampled for several loop periods, and the finding says where and why
-    assert any(ln.startswith("torch dataloader --sample 1.5") for ln in driver.lines)
+    # THEN the stacks were sampled for several loop periods (2 s at least with a method: its
+    # calls' graphs are followed meanwhile), and the finding says where and why
+    assert any(ln.startswith("torch dataloader __main__ train_step --sample 2") for ln in driver.lines)
     found = [f for f in result.report.findings if f.rule == "dataloader-bottleneck"]
     assert len(found) == 1
     f = found[0]

@@ -129,6 +129,12 @@ DATALOADER = Obj(optional={
     "threads": ListOf(Obj(optional={
         "thread": TEXT, "shares": MapOf(NUM),
         "top": ListOf(Obj(required={"share": NUM, "where": TEXT}))})),
+    "graph_use": Obj(optional={
+        "target": TEXT, "window_s": NUM, "calls": INT, "grad_calls": INT, "no_grad_calls": INT,
+        "judged": INT, "used": INT, "unused": INT, "longest_unused_run": INT,
+        "unused_saved_bytes_per_call": SIZE, "capped": BOOL,
+        "unused_where": ListOf(Obj(optional={"file": TEXT, "line": INT, "function": TEXT,
+                                             "calls": INT}))}),
 })
 
 # -- torch fr ----------------------------------------------------------------------------------

@@ -97,6 +97,9 @@ def live_findings(result: DiagnoseResult, step: dict[str, Any] | None = None) ->
     idle = live_loop.idle_finding(loop, threads, method, inputs)
     if idle is not None:
         out.append(idle)
+    unread = live_loop.graph_use_finding(phase.data.get("graph_use"), inputs)
+    if unread is not None:
+        out.append(unread)
     return out
 
 
@@ -137,6 +140,14 @@ def merge(result: DiagnoseResult, findings: list[Finding], inputs: list[Any] | N
         watch = result.phase("watch")
         timed = dataloader_share(phase.data.get("next_timing") or [],
                                  (watch.data.get("loop") if watch is not None else None) or None)
+    # A profile's eval-with-grad (operators, graph nodes) stays the finding; the live calls'
+    # count joins its evidence.
+    for f in [f for f in extra if f.rule == "eval-with-grad"]:
+        for old in findings:
+            if old.rule == f.rule:
+                old.evidence += [f"live: {line}" for line in f.evidence[:1]]
+                extra.remove(f)
+                break
     rules = {f.rule for f in extra}
     if timed is not None:
         rules.add("dataloader-bottleneck")  # the timed share is the verdict, either way

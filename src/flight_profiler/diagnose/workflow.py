@@ -258,14 +258,24 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     # Long enough to see a few loop periods (the DataLoader's share is timed over whole batch
     # periods, see report/live_loop.py), short enough not to slow the diagnosis down.
     period_s = float(watch.get("period_ms", 0.0)) / 1000.0 if watch else 0.0
-    floor = 1.0 if idle else INPUT_SAMPLE_S if run.options.target is not None else WINDOW_SAMPLE_S
+    # With a method, its calls' graphs are followed for the same window: at least 2 s, so that
+    # an evaluation pass once an epoch of up to about that is seen (a forward is well under half
+    # of its loop, which alone would have given 1 s).
+    follow = run.options.target is not None and bool(run.method_called)
+    floor = (INPUT_SAMPLE_S if follow else 1.0 if idle
+             else INPUT_SAMPLE_S if run.options.target is not None else WINDOW_SAMPLE_S)
     sample = min(5.0, max(floor, 5 * period_s))
-    result = run.command(phase, basic.dataloader(sample=sample), timeout=sample + 10)
+    # With a method, whether a backward reads the graphs its calls build meanwhile (an
+    # evaluation pass once an epoch is a few seconds' look away, rarely in a profile's steps).
+    words = run.words() if follow else ()
+    result = run.command(phase, basic.dataloader(sample=sample, target=words), timeout=sample + 10)
     phase.data["loaders"] = result.get("loaders") or []
     phase.data["threads"] = result.get("threads") or []
     phase.data["next_timing"] = result.get("next_timing") or []
     phase.data["sampled_s"] = result.get("sampled_s")
     phase.data["cpus"] = result.get("cpus")
+    if result.get("graph_use"):
+        phase.data["graph_use"] = result["graph_use"]
     if watch:
         phase.data["loop"] = watch
 

@@ -14,6 +14,11 @@ something only when the method is the step: a ``forward`` is a third of a health
 is backward and the optimizer, which is no idling. So idleness is read from the samples:
 sleeping, waiting for I/O or a lock, never "running" (that is the step's own work), and the
 place named is the program's own line, never an autograd or optimizer internal.
+
+``graph_use`` (agent/graph_use.py): the named method's calls during the same window, and whether
+a backward read the graphs they built. A call with grad on whose graph nobody read, while the
+calls around it had theirs read, is an evaluation pass without ``torch.no_grad()``: work once an
+epoch that a profile of a few steps only holds by chance.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from typing import Any
 from flight_profiler.report.cost import cost_of
 from flight_profiler.report.models import Finding
 from flight_profiler.report.rules.dataloader_bottleneck import settings_fix, verdict
+from flight_profiler.report.rules.eval_with_grad import FIXES as EVAL_FIXES
+from flight_profiler.report.rules.eval_with_grad import ROOT as EVAL_ROOT
 from flight_profiler.report.thresholds import T
+from flight_profiler.report.units import fmt_bytes
 
 # Without timing: the method must take less than this share of its loop (when it is the step),
 # and the samples must put this share of the thread's time in the DataLoader.
@@ -36,6 +44,9 @@ IDLE_INFO_SHARE = 0.2
 IDLE = {"sleep": "sleeping", "io": "waiting for I/O", "wait": "waiting on a lock or queue"}
 MIN_TIMED_BATCHES = 3
 LOADER_CATEGORIES = ("dataloader_wait", "dataloader_load", "dataloader_receive")
+# eval-with-grad from live calls: calls whose graphs no backward read (a validation pass is a
+# run of them), among calls judged (a later call's graph was read meanwhile).
+MIN_UNUSED_CALLS = 2
 
 
 def _thread_of(threads: list[dict[str, Any]], name: str | None) -> dict[str, Any] | None:
@@ -186,4 +197,44 @@ def idle_finding(loop: dict[str, Any] | None, threads: list[dict[str, Any]], met
         inputs=inputs,
         root_cause="The loop waits outside its training work (sleep, I/O, a lock).",
         metrics={"idle_share": round(idle, 4), "busy_share": loop.get("busy_share")},
+    )
+
+
+def _int(value: Any) -> int:
+    return value if type(value) is int and value >= 0 else 0
+
+
+def graph_use_finding(use: dict[str, Any] | None, inputs: list[str]) -> Finding | None:
+    """eval-with-grad: calls of the method that built graphs no backward read, among calls whose
+    graphs were read (a training loop): an evaluation pass with autograd on."""
+    if not isinstance(use, dict):
+        return None
+    unused, judged, used = _int(use.get("unused")), _int(use.get("judged")), _int(use.get("used"))
+    if unused < MIN_UNUSED_CALLS or used < 1:
+        return None
+    places = [p for p in use.get("unused_where") or [] if isinstance(p, dict)]
+    where = [f"{p.get('function')} at {str(p.get('file')).rsplit('/', 1)[-1]}:{p.get('line')} "
+             f"({_int(p.get('calls'))} of the calls)" for p in places]
+    target = str(use.get("target") or "the method")
+    per_call = _int(use.get("unused_saved_bytes_per_call"))
+    window = use.get("window_s")
+    return Finding(
+        rule="eval-with-grad", severity="warning",
+        title="a forward pass runs with autograd on and no backward uses its graph",
+        summary=(f"{unused} of {judged} calls of {target} watched live over {window} s built a "
+                 f"graph ({fmt_bytes(per_call)} of activations saved per call) that no backward "
+                 f"ever read, while the other {used} were read by the training step's backward"
+                 + (f"; they were called from {where[0]}" if where else "")
+                 + ": an evaluation pass without torch.no_grad() keeps activations alive for a "
+                 "backward that never comes and pays autograd's cost for nothing."),
+        evidence=[f"{target}: {_int(use.get('calls'))} calls in {window} s, "
+                  f"{_int(use.get('grad_calls'))} with grad on, {_int(use.get('no_grad_calls'))} "
+                  f"without; of the {judged} judged (a later call's graph was read), {unused} "
+                  f"never read by a backward, up to {_int(use.get('longest_unused_run'))} in a row",
+                  *(f"called from {p.get('file')}:{p.get('line')} ({p.get('function')}): "
+                    f"{_int(p.get('calls'))} unread graphs" for p in places)],
+        where=where or [target], root_cause=EVAL_ROOT, fix=EVAL_FIXES, inputs=inputs,
+        metrics={"unused_calls": unused, "judged_calls": judged, "used_calls": used,
+                 "longest_unused_run": _int(use.get("longest_unused_run")),
+                 "unused_saved_bytes_per_call": per_call, "source": "live calls"},
     )

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-from flight_profiler.requests.base import AgentRequest, Line
+from collections.abc import Sequence
+from typing import Any
+
+from flight_profiler.requests.base import AgentRequest, Line, target_args
 
 
 def status() -> AgentRequest:
@@ -28,7 +31,11 @@ def fr() -> AgentRequest:
     return AgentRequest("torch fr", {}, "torch fr")
 
 
-def dataloader(sample: float | None = None) -> AgentRequest:
-    """``sample`` seconds of stack sampling (default 1; 0: none)."""
-    args = {"sample": 1.0 if sample is None else sample}
-    return AgentRequest("torch dataloader", args, str(Line("torch dataloader").option("--sample", sample)))
+def dataloader(sample: float | None = None, target: Sequence[str] = ()) -> AgentRequest:
+    """``sample`` seconds of stack sampling (default 1; 0: none); with ``target``, whether a
+    backward reads the graphs its calls build meanwhile."""
+    args: dict[str, Any] = {"sample": 1.0 if sample is None else sample}
+    if target:
+        args["target"] = target_args(target)
+    return AgentRequest("torch dataloader", args,
+                        str(Line("torch dataloader", *target).option("--sample", sample)))

@@ -230,6 +230,7 @@ def profile(ctx: click.Context, /, **_: Any) -> AgentRequest:
 
 
 @click.command("torch dataloader", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target", nargs=-1)
 @click.option("--sample", type=click.FloatRange(0, 60), default=1.0, show_default=True,
               help="Seconds of stack sampling to see what each thread waits on (0: none).")
 @click.pass_context
@@ -239,10 +240,14 @@ def dataloader(ctx: click.Context, /, **_: Any) -> AgentRequest:
     Each DataLoader alive in the target: dataset and length, batch_size, num_workers,
     pin_memory, prefetch_factor, persistent_workers; each worker's pid, state, CPU and RSS;
     batches in flight; and what the training loop is waiting on (sampled stacks).
+    With TARGET (module [class] method), also whether a backward reads the graphs its
+    calls build while sampling: calls with grad on whose graphs nobody reads are an
+    evaluation pass written without torch.no_grad().
 
     \b
     torch dataloader
     torch dataloader --sample 3       a longer look at what the loop waits on
+    torch dataloader __main__ Net forward --sample 3
     """
     return basic.dataloader(**_given(ctx))
 

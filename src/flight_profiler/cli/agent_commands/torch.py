@@ -255,3 +255,14 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
                       f"{fmt(row.get('batches'), 'd')} batches in {fmt(row.get('window_s'), '.2f')} s, "
                       f"{fmt(row.get('next_s'), '.3f')} s in next(): "
                       f"{fmt(100 * float(row.get('share') or 0), '.1f')}% of its loop", highlight=False)
+    use = data.get("graph_use")
+    if isinstance(use, dict):
+        console.print(
+            f"graphs built by {txt(use.get('target'), 200)} in {fmt(use.get('window_s'), 'g')} s: "
+            f"{fmt(use.get('calls'), 'd')} calls ({fmt(use.get('grad_calls'), 'd')} with grad on); "
+            f"of {fmt(use.get('judged'), 'd')} judged, {fmt(use.get('used'), 'd')} read by a "
+            f"backward, {fmt(use.get('unused'), 'd')} never read", highlight=False)
+        for p in (use.get("unused_where") or [])[:3]:
+            console.print(f"  never read, called from {txt(p.get('file'), 400)}:{fmt(p.get('line'), 'd')} "
+                          f"({txt(p.get('function'), 200)}): {fmt(p.get('calls'), 'd')} calls "
+                          "(an evaluation pass without torch.no_grad()?)", highlight=False)

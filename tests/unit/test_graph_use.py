@@ -1,0 +1,92 @@
+"""agent/graph_use.py: calls of a method whose graphs no backward reads, seen live (an
+evaluation pass without torch.no_grad() between training steps), and the report's finding."""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flight_profiler.agent import graph_use, hooks, targets  # noqa: E402
+from flight_profiler.report.live_loop import graph_use_finding  # noqa: E402
+
+MOD = "fp_test_graph_use_prog"
+
+
+class Net(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _validate(model: Any, batches: int, no_grad: bool) -> None:
+    model.eval()
+    for _ in range(batches):
+        if no_grad:
+            with torch.no_grad():
+                model(torch.randn(8, 16))
+        else:
+            model(torch.randn(8, 16))
+    model.train()
+
+
+def _train(model: Any, opt: Any, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        loss.backward()
+        opt.step()
+
+
+def _run(no_grad: bool, epochs: int = 3) -> dict[str, Any]:
+    mod = types.ModuleType(MOD)
+    mod.Net = Net  # type: ignore[attr-defined]
+    sys.modules[MOD] = mod
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    use = graph_use.GraphUse(torch)
+    remove = hooks.install(targets.resolve({"module": MOD, "class": "Net", "method": "forward",
+                                            "nested": None}), use.on_enter, use.on_exit)
+    try:
+        for _ in range(epochs):
+            _train(model, opt, 10)
+            _validate(model, 4, no_grad)
+    finally:
+        remove()
+        use.close()
+        del sys.modules[MOD]
+    return use.summary("Net.forward")
+
+
+def test_validation_without_no_grad_is_unread_and_training_is_read() -> None:
+    s = _run(no_grad=False)
+    assert s["calls"] == 42 and s["grad_calls"] == 42
+    # the last epoch's validation calls come after the last read graph: not judged
+    assert s["judged"] == 30 + 8 - 1 and s["unused"] == 8 and s["used"] == 29
+    assert s["longest_unused_run"] == 4 and s["unused_saved_bytes_per_call"] > 0
+    (place,) = s["unused_where"]
+    assert place["function"] == "_validate" and place["file"] == __file__ and place["calls"] == 8
+    f = graph_use_finding(s, ["diagnose.json"])
+    assert f is not None and f.rule == "eval-with-grad" and f.severity == "warning"
+    assert f.where[0].startswith("_validate at test_graph_use.py:")
+
+
+def test_healthy_loop_reads_every_graph_and_gets_no_finding() -> None:
+    s = _run(no_grad=True)
+    assert s["no_grad_calls"] == 12 and s["unused"] == 0 and s["used"] == s["judged"] == 29
+    assert graph_use_finding(s, ["diagnose.json"]) is None
+
+
+def test_no_finding_without_a_training_step_or_from_hostile_data() -> None:
+    inference = {"calls": 10, "judged": 0, "used": 0, "unused": 0}
+    assert graph_use_finding(inference, []) is None
+    assert graph_use_finding({"unused": "9", "used": -1, "judged": None}, []) is None
+    assert graph_use_finding(None, []) is None
