@@ -3,15 +3,17 @@ evaluation pass without torch.no_grad() between training steps), and the report'
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
+import weakref
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from flight_profiler.agent import graph_use, hooks, targets  # noqa: E402
+from flight_profiler.agent import graph_cost, graph_use, hooks, targets  # noqa: E402
 from flight_profiler.report.live_loop import graph_use_finding  # noqa: E402
 
 MOD = "fp_test_graph_use_prog"
@@ -90,3 +92,58 @@ def test_no_finding_without_a_training_step_or_from_hostile_data() -> None:
     assert graph_use_finding(inference, []) is None
     assert graph_use_finding({"unused": "9", "used": -1, "judged": None}, []) is None
     assert graph_use_finding(None, []) is None
+
+
+def _measured(kind: str, f: Any) -> Any:
+    """``f()`` inside one measured call, as torch grads (graph_cost) or the live window
+    (graph_use) measure it."""
+    if kind == "cost":
+        cost = graph_cost.CallGraphCost(torch)
+        cost.enter()
+        try:
+            return f()
+        finally:
+            cost.exit()
+    use = graph_use.GraphUse(torch)
+    token = use.on_enter((), {})
+    try:
+        return f()
+    finally:
+        use.on_exit(token, None, None, 0)
+
+
+@pytest.mark.parametrize("kind", ["cost", "use"])
+def test_measured_graphs_are_freed_like_unmeasured_ones(kind: str) -> None:
+    # A saved output returned as is by the pack hook holds its own grad_fn: a cycle through C++
+    # that gc never frees (every evaluation output measured lived forever).
+    w = torch.randn(32, 32, requires_grad=True)
+    refs = []
+    for _ in range(5):
+        out = _measured(kind, lambda: torch.sigmoid(torch.randn(4, 32) @ w))
+        refs.append(weakref.ref(out))
+        del out
+    gc.collect()
+    assert [r() for r in refs] == [None] * 5
+
+
+@pytest.mark.parametrize("kind", ["cost", "use"])
+def test_autograd_is_unchanged_by_the_measurement(kind: str) -> None:
+    a = torch.randn(10, requires_grad=True)
+    # gradients and double backward as without hooks (tanh saves its output)
+    y = _measured(kind, lambda: torch.tanh(torch.relu(a * 2)).pow(2).sum())
+    (g,) = torch.autograd.grad(y, a, create_graph=True)
+    (gg,) = torch.autograd.grad(g.sum(), a)
+    b = a.detach().requires_grad_()
+    (g0,) = torch.autograd.grad(torch.tanh(torch.relu(b * 2)).pow(2).sum(), b, create_graph=True)
+    (gg0,) = torch.autograd.grad(g0.sum(), b)
+    assert torch.allclose(g, g0) and torch.allclose(gg, gg0)
+    # a program that modifies a saved tensor in place gets torch's error, not wrong gradients
+    s = _measured(kind, lambda: (a * 1).sigmoid())
+    s.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        s.sum().backward()
+    # in-place ops that torch accepts stay accepted (the DCGAN's ReLU(True), LeakyReLU inplace)
+    r = _measured(kind, lambda: torch.nn.ReLU(True)(a * 1) * 3
+                  + torch.nn.functional.leaky_relu(a * 2, 0.2, inplace=True).exp())
+    r.sum().backward()
+    assert a.grad is not None

@@ -14,7 +14,9 @@ holds by chance.
 
 Nothing of the target is kept: per call a few integers and the caller's file, line and function
 name (strings). The hook functions stay with the saved tensors of the graphs built during the
-window until those graphs are freed (a step or two later); they only count.
+window until those graphs are freed (a step or two later); they count, and keep autograd as it
+was (graph_cost.faithful_pack: no reference cycle, and the in-place check torch skips under
+hooks).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from . import graph_cost
 
 MAX_CALLS = 4096
 _TORCH_DIRS = ("/torch/", "\\torch\\")
@@ -103,11 +107,11 @@ class GraphUse:
                                 rec.saved_bytes += st.nbytes()
                 except Exception:  # never into the target's op
                     pass
-                return t
+                return graph_cost.faithful_pack(t)
 
-            def unpack(t: Any) -> Any:
+            def unpack(packed: Any) -> Any:
                 rec.read += 1
-                return t
+                return graph_cost.faithful_unpack(packed)
 
             ctx = self.torch.autograd.graph.saved_tensors_hooks(pack, unpack)
             ctx.__enter__()
