@@ -206,6 +206,7 @@ print("READY", flush=True)
 while True:
     print("work", b.loop_work(20000) / 20000, flush=True)
     print("step", b.loop_step(1000) / 1000, flush=True)
+    print("small", b.loop_step_small(200) / 200, flush=True)
 """
 
 
@@ -289,6 +290,8 @@ def attached(rounds: int) -> dict[str, Any]:
     scenarios = {
         "filtered": ("work", "watch", {"target": spec("work"), "filter": "params[0] < 0"}),
         "filtered-cost": ("work", "watch", {"target": spec("work"), "filter": "cost > 1e6"}),
+        # issue 23's measurement: a method making 50 calls of `work`, `work` watched
+        "step-filtered": ("small", "watch", {"target": spec("work"), "filter": "params[0] < 0"}),
         "reported": ("work", "watch", {"target": spec("work")}),
         "elsewhere": ("work", "watch", {"target": spec("other")}),
         # how much a traced call costs depends on how many the client keeps up with (the rest
