@@ -137,7 +137,9 @@ def mutate(doc: Any, rng: random.Random) -> Any:
                 nested = [nested]
             parent[last] = nested
         else:
-            parent[last] = rng.choice(JUNK)
+            # a copy: a later edit of this document may go inside it, and JUNK is shared by
+            # every case (an edited JUNK list grew from case to case until one hung)
+            parent[last] = copy.deepcopy(rng.choice(JUNK))
     return doc
 
 
