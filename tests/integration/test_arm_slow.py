@@ -188,6 +188,42 @@ def test_bad_slow_arguments_are_one_line_and_exit_2():
                         f"arm --on slow 3 --steps 0 --out {out}"):
             proc = cli(target.pid, command)
             assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
-        assert cli_json(target.pid, "status")["arm"].get("armed") in (None, [])
+        assert (cli_json(target.pid, "status").get("arm") or {}).get("armed") in (None, [])
+    finally:
+        target.stop()
+
+
+def test_diagnose_arm_leaves_triggers_whose_evidence_goes_under_its_out_dir():
+    target, go, _ = start(slow_after=60)
+    out = temp_dir("fp-slow-diag-") / "diag"
+    try:
+        target.wait_for(r"step 0\b", 60)
+        # a typo in --arm: one line, exit 2, the target untouched and no directory made
+        bad = subprocess.run([*CLI, "diagnose", str(target.pid), "--out", str(out), "--arm",
+                              "hang 600,slow 1"], capture_output=True, text=True, timeout=60, env=ENV)
+        assert bad.returncode == 2 and "'slow 1'" in bad.stderr, bad.stderr
+        assert not out.exists()
+        assert "flight_profiler" not in Path(f"/proc/{target.pid}/maps").read_text()
+        proc = subprocess.run([*CLI, "diagnose", str(target.pid), "--duration", "2", "--out",
+                               str(out), "--json", "--arm", "hang 10m, slow 2.5 --steps 2"],
+                              capture_output=True, text=True, timeout=280, env=ENV)
+        doc = json.loads(proc.stdout.splitlines()[-1])
+        assert proc.returncode == doc["exit_code"] == 0, proc.stderr[-2000:]
+        armed = doc["armed"]
+        assert [(a["kind"], a["armed"]) for a in armed] == [("hang", True), ("slow", True)], armed
+        assert all(a["out"] == str(out / "armed") for a in armed)
+        # the agent stayed (detach would have disarmed): the triggers watch on
+        status = cli_json(target.pid, "status")
+        assert [t["kind"] for t in status["arm"]["armed"]] == ["hang", "slow"]
+        go.touch()
+        (event,) = events(out / "armed", 120)
+        ev = json.loads((event / "event.json").read_text())
+        assert ev["trigger"] == "slow" and ev["params"] == {"factor": 2.5, "steps": 2}
+        assert len(ev["profiled_step_s"]) == 2
+        report = subprocess.run([*CLI, "report", str(out / "armed")], capture_output=True,
+                                text=True, timeout=120, env=ENV)
+        assert "arm-slow" in report.stdout, report.stdout
+        assert cli_json(target.pid, "disarm")["still_armed"]["armed"] == []
+        assert target.alive() and target.stderr == ""
     finally:
         target.stop()
