@@ -89,7 +89,7 @@ def events(out: Path, timeout: float) -> list[Path]:
 def start(slow_after: int) -> tuple[Target, Path, Path]:
     go = temp_dir("fp-slow-go-") / "go"
     out = temp_dir("fp-slow-out-") / "evidence"
-    return spawn(SLOW_JOB, args=(str(go), str(slow_after)), timeout=60), go, out
+    return spawn(SLOW_JOB, args=(str(go), str(slow_after)), timeout=180), go, out
 
 
 def test_slow_fires_at_the_slowdown_profiles_the_slow_steps_and_report_names_it():
