@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 from support import Target, spawn, temp_dir, torch_available
+from torchrun_jobs import DDP_TRAINER
+from torchrun_jobs import Job as DdpJob
 
 pytestmark = [
     pytest.mark.integration,
@@ -227,3 +229,45 @@ def test_diagnose_arm_leaves_triggers_whose_evidence_goes_under_its_out_dir():
         assert target.alive() and target.stderr == ""
     finally:
         target.stop()
+
+
+def test_all_ranks_arm_each_rank_catches_its_own_hang(tmp_path: Path) -> None:
+    # the DDP trainer (tests/integration/job_workloads): rank 1's prefetch thread dies after
+    # 150 batches, so rank 1 waits for a batch for ever and rank 0 in backward's gradient
+    # all-reduce. `--all-ranks --cmd "arm ..."` arms each rank before that; each catches its own.
+    job = DdpJob(DDP_TRAINER, "hang", 2, tmp_path,
+                 {"TORCH_FR_BUFFER_SIZE": "2000", "FP_HANG_AFTER": "150"})
+    out = temp_dir("fp-slow-ranks-") / "evidence"
+    try:
+        pids = job.wait_ready()
+        proc = subprocess.run([*CLI, str(job.launcher), "--all-ranks", "--json", "--cmd",
+                               f"arm --on hang 5 --out {out}"], capture_output=True, text=True,
+                              timeout=240, env=ENV)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        doc = json.loads(proc.stdout.splitlines()[-1])
+        assert sorted(doc["ranks"]) == ["0", "1"] and doc["failed"] == [], doc
+        deadline = time.monotonic() + 180
+        found: list[Path] = []
+        while time.monotonic() < deadline and len(found) < 2:
+            found = events(out, 1)
+            time.sleep(0.5)
+        assert len(found) == 2, found
+        by_rank = {}
+        for event in found:
+            ev = json.loads((event / "event.json").read_text())
+            assert ev["trigger"] == "hang" and ev["pid"] == pids[ev["rank"]["rank"]]
+            assert f"-rank{ev['rank']['rank']}-" in event.name
+            assert "fr_trace.pickle" in ev["files"], ev.get("fr")  # Flight Recorder, per rank
+            by_rank[ev["rank"]["rank"]] = ev
+        assert sorted(by_rank) == [0, 1]
+        # each rank's own line: rank 1 waits for its batch, rank 0 in the all-reduce of backward
+        assert by_rank[1]["where"]["function"].endswith("wait_for_batch"), by_rank[1]["where"]
+        assert by_rank[0]["where"]["file"].endswith("ddp_trainer.py")
+        assert by_rank[0]["where"]["function"] != by_rank[1]["where"]["function"]
+        report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True,
+                                timeout=120, env=ENV)
+        assert report.stdout.count("arm-hang") >= 2, report.stdout
+        assert "rank 0" in report.stdout and "rank 1" in report.stdout
+        assert not job.dead_ranks()  # caught, not killed
+    finally:
+        job.stop()

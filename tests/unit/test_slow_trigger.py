@@ -137,13 +137,16 @@ def test_a_real_slowdown_writes_a_trace_of_the_steps_after_it(tmp_path: Path) ->
     trigger = SlowTrigger(out, 1, {"rank": 3}, 3.0, 2)
     armory.arm(trigger, state, None)
     try:
-        for step in range(400):
+        # until it has written (torch's first profile imports torch._inductor: 20 s and more
+        # on a loaded 2-core machine), at most 3 minutes
+        deadline = time.monotonic() + 180
+        step = 0
+        while not trigger.fires and time.monotonic() < deadline:
             time.sleep(0.05 if step >= 40 else 0.005)
             opt.zero_grad()
             model(torch.randn(8, 16)).sum().backward()
             opt.step()
-            if trigger.fires:
-                break
+            step += 1
         assert trigger.fires == 1
         (event,) = [p for p in (tmp_path / "ev").iterdir() if not p.name.startswith(".")]
         assert event.name.endswith(tuple(f"-slow-pid{__import__('os').getpid()}-rank3-{n}"

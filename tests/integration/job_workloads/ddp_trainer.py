@@ -9,7 +9,8 @@ MODE plants one problem on the last rank (the "odd" one); the others are healthy
   slow_data     its samples take 40x longer to load (a slow disk on that node)
   slow_compute  it computes an extra, expensive metric on every batch
   sleep         it sleeps in its logging call on every step (a slow metrics store)
-  hang          its prefetch thread dies on a bad sample: it waits for a batch forever
+  hang          its prefetch thread dies on a bad sample: it waits for a batch forever (after
+                6 batches; FP_HANG_AFTER=N: after N)
   skip          it skips the barrier the others enter before saving a checkpoint
 
 Each rank writes READY_DIR/rank<N> (its pid) after its third step, and prints READY.
@@ -120,7 +121,8 @@ def main() -> None:
     data = Samples(1_000_000, 0.02 if (mode == "slow_data" and odd) else 0.0005)
     loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), num_workers=2,
                         persistent_workers=True)
-    prefetch = Prefetcher(loader, 6 if (mode == "hang" and odd) else None)
+    hang_after = int(os.environ.get("FP_HANG_AFTER", "6"))
+    prefetch = Prefetcher(loader, hang_after if (mode == "hang" and odd) else None)
     step = 0
     while True:
         x, y = prefetch.wait_for_batch()
