@@ -232,11 +232,12 @@ def test_diagnose_arm_leaves_triggers_whose_evidence_goes_under_its_out_dir():
 
 
 def test_all_ranks_arm_each_rank_catches_its_own_hang(tmp_path: Path) -> None:
-    # the DDP trainer (tests/integration/job_workloads): rank 1's prefetch thread dies after
-    # 150 batches, so rank 1 waits for a batch for ever and rank 0 in backward's gradient
+    # the DDP trainer (tests/integration/job_workloads): rank 1's prefetch thread dies once the
+    # test says so (after arming), so rank 1 waits for a batch for ever and rank 0 in backward's gradient
     # all-reduce. `--all-ranks --cmd "arm ..."` arms each rank before that; each catches its own.
+    bad_sample = tmp_path / "bad-sample"
     job = DdpJob(DDP_TRAINER, "hang", 2, tmp_path,
-                 {"TORCH_FR_BUFFER_SIZE": "2000", "FP_HANG_AFTER": "150"})
+                 {"TORCH_FR_BUFFER_SIZE": "2000", "FP_HANG_FILE": str(bad_sample)})
     out = temp_dir("fp-slow-ranks-") / "evidence"
     try:
         pids = job.wait_ready()
@@ -246,6 +247,8 @@ def test_all_ranks_arm_each_rank_catches_its_own_hang(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr + proc.stdout
         doc = json.loads(proc.stdout.splitlines()[-1])
         assert sorted(doc["ranks"]) == ["0", "1"] and doc["failed"] == [], doc
+        time.sleep(1.0)  # a few steps armed
+        bad_sample.touch()
         deadline = time.monotonic() + 180
         found: list[Path] = []
         while time.monotonic() < deadline and len(found) < 2:
@@ -257,9 +260,12 @@ def test_all_ranks_arm_each_rank_catches_its_own_hang(tmp_path: Path) -> None:
             ev = json.loads((event / "event.json").read_text())
             assert ev["trigger"] == "hang" and ev["pid"] == pids[ev["rank"]["rank"]]
             assert f"-rank{ev['rank']['rank']}-" in event.name
+            assert ev["step"] > 0  # armed while the job still stepped: the hang came after
             assert "fr_trace.pickle" in ev["files"], ev.get("fr")  # Flight Recorder, per rank
             by_rank[ev["rank"]["rank"]] = ev
         assert sorted(by_rank) == [0, 1]
+        print(f"rank events {abs(by_rank[0]['time'] - by_rank[1]['time']):.2f} s apart; steps "
+              f"{by_rank[0]['step']} and {by_rank[1]['step']} after arming")
         # each rank's own line: rank 1 waits for its batch, rank 0 in the all-reduce of backward
         assert by_rank[1]["where"]["function"].endswith("wait_for_batch"), by_rank[1]["where"]
         assert by_rank[0]["where"]["file"].endswith("ddp_trainer.py")

@@ -142,7 +142,7 @@ def test_a_real_slowdown_writes_a_trace_of_the_steps_after_it(tmp_path: Path) ->
         deadline = time.monotonic() + 180
         step = 0
         while not trigger.fires and time.monotonic() < deadline:
-            time.sleep(0.05 if step >= 40 else 0.005)
+            time.sleep(0.2 if step >= 40 else 0.005)  # far apart: a loaded box stretches both
             opt.zero_grad()
             model(torch.randn(8, 16)).sum().backward()
             opt.step()
@@ -179,13 +179,14 @@ def test_disarm_while_profiling_stops_the_session_and_writes_nothing(tmp_path: P
     trigger = SlowTrigger(evidence.EvidenceDir(str(tmp_path / "ev"), 64 << 20), 1, {}, 3.0, 50)
     armory.arm(trigger, state, None)
     try:
-        for step in range(400):
-            time.sleep(0.05 if step >= 25 else 0.002)
+        deadline = time.monotonic() + 120
+        step = 0
+        while trigger.state != "firing" and time.monotonic() < deadline:
+            time.sleep(0.3 if step >= 25 else 0.002)  # far apart: a loaded box stretches both
             opt.zero_grad()
             model(torch.randn(2, 4)).sum().backward()
             opt.step()
-            if trigger.state == "firing":
-                break
+            step += 1
         assert trigger.state == "firing"
         for _ in range(3):  # steps of the window being profiled
             opt.step()

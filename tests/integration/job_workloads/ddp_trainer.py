@@ -10,7 +10,7 @@ MODE plants one problem on the last rank (the "odd" one); the others are healthy
   slow_compute  it computes an extra, expensive metric on every batch
   sleep         it sleeps in its logging call on every step (a slow metrics store)
   hang          its prefetch thread dies on a bad sample: it waits for a batch forever (after
-                6 batches; FP_HANG_AFTER=N: after N)
+                6 batches; with FP_HANG_FILE=PATH in the environment: once PATH exists)
   skip          it skips the barrier the others enter before saving a checkpoint
 
 Each rank writes READY_DIR/rank<N> (its pid) after its third step, and prints READY.
@@ -86,10 +86,14 @@ class Prefetcher:
             self.loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
             for batch in self.loader:
                 n += 1
-                if self.fail_after is not None and n > self.fail_after:
+                if self.fail_after is not None and self._fails(n):
                     raise ValueError("corrupt sample")  # the thread dies, nobody notices
                 self.batches.put(batch)
             epoch += 1
+
+    def _fails(self, n: int) -> bool:
+        bad_file = os.environ.get("FP_HANG_FILE")
+        return os.path.exists(bad_file) if bad_file else n > (self.fail_after or 0)
 
     def wait_for_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batches.get()
@@ -121,8 +125,7 @@ def main() -> None:
     data = Samples(1_000_000, 0.02 if (mode == "slow_data" and odd) else 0.0005)
     loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data), num_workers=2,
                         persistent_workers=True)
-    hang_after = int(os.environ.get("FP_HANG_AFTER", "6"))
-    prefetch = Prefetcher(loader, hang_after if (mode == "hang" and odd) else None)
+    prefetch = Prefetcher(loader, 6 if (mode == "hang" and odd) else None)
     step = 0
     while True:
         x, y = prefetch.wait_for_batch()
