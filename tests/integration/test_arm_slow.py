@@ -185,11 +185,14 @@ def test_bad_slow_arguments_are_one_line_and_exit_2():
     target, _, out = start(slow_after=10**9)
     try:
         target.wait_for(r"step 0\b", 60)
-        for command in (f"arm --on slow --out {out}", f"arm --on slow 1 --out {out}",
-                        f"arm --on slow 3y --out {out}", f"arm --on hang 60 --steps 3 --out {out}",
-                        f"arm --on slow 3 --steps 0 --out {out}"):
+        for command, cause in ((f"arm --on slow --out {out}", "needs FACTOR"),
+                               (f"arm --on slow 1 --out {out}", "not a FACTOR above 1"),
+                               (f"arm --on slow 3y --out {out}", "not a FACTOR above 1"),
+                               (f"arm --on hang 60 --steps 3 --out {out}", "go with --on slow"),
+                               (f"arm --on slow 3 --steps 0 --out {out}", "--steps")):
             proc = cli(target.pid, command)
             assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+            assert cause in proc.stderr and "\n" not in proc.stderr.split("hint:")[0].strip(), proc.stderr
         assert (cli_json(target.pid, "status").get("arm") or {}).get("armed") in (None, [])
     finally:
         target.stop()
