@@ -5,6 +5,8 @@ a slow event with its trace."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -149,8 +151,7 @@ def test_a_real_slowdown_writes_a_trace_of_the_steps_after_it(tmp_path: Path) ->
             step += 1
         assert trigger.fires == 1
         (event,) = [p for p in (tmp_path / "ev").iterdir() if not p.name.startswith(".")]
-        assert event.name.endswith(tuple(f"-slow-pid{__import__('os').getpid()}-rank3-{n}"
-                                         for n in range(1, 1000)))
+        assert re.search(rf"-slow-pid{os.getpid()}-rank3-\d+$", event.name), event.name
         doc = json.loads((event / "event.json").read_text())
         assert doc["trigger"] == "slow" and doc["slow_step"] >= 40 and doc["factor"] == 3.0
         assert doc["slow_step_s"] > 3 * doc["median_s"] and len(doc["slow_run_s"]) == 2
