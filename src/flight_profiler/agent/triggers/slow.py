@@ -34,6 +34,7 @@ session and writes nothing.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -61,8 +62,9 @@ _MAX_WAIT_S = 600.0
 
 
 def _import_inductor() -> None:
+    # torch is in sys.modules already (install() checked): this only loads one of its modules
     try:
-        import torch._inductor.config  # noqa: F401
+        importlib.import_module("torch._inductor.config")
     except BaseException:  # never into threading.excepthook (it prints to stderr)
         log.debug("arm: importing torch._inductor failed", exc_info=True)
 
