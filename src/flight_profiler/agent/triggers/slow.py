@@ -110,8 +110,9 @@ class SlowTrigger(Trigger):
             # hasattr(torch, "_inductor")): seconds (17 s on a loaded 2-core box). Paid now, in
             # the background, the profile starts right after the slow steps when it fires.
             threading.Thread(target=_import_inductor, name=f"{THREAD_NAME}-warm", daemon=True).start()
-        return [f"slow: judged after {WARMUP} steps against the median of the last {WINDOW - 1}; "
-                f"a step over {self.factor:g} x the median profiles the next {self.steps}"]
+        return [f"slow: judged after {WARMUP} steps against the median of the last {WINDOW}; "
+                f"{CONSECUTIVE} steps in a row over {self.factor:g} x the median profile the next "
+                f"{self.steps}"]
 
     def params(self) -> dict[str, Any]:
         return {"factor": self.factor, "steps": self.steps}
