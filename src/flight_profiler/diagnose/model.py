@@ -87,6 +87,8 @@ class DiagnoseResult:
     # The DataLoader's share of the loop: timed without the profiler (input phase) and in the
     # profile's whole steps, each with what it was measured over. None without a DataLoader.
     dataloader: dict[str, Any] | None = None
+    # diagnose --arm: one outcome per trigger asked for (diagnose/arming.py); None without --arm
+    armed: list[dict[str, Any]] | None = None
 
     def phase(self, name: str) -> PhaseResult | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -116,4 +118,5 @@ class DiagnoseResult:
             "outputs": dict(self.outputs),
             "findings": [{"rule": f.rule, "severity": f.severity, "title": f.title}
                          for f in findings],
+            "armed": self.armed,
         }

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 FORMAT = "flight_profiler.arm_event"
-KINDS = ("hang", "nan", "oom")
+KINDS = ("hang", "nan", "oom", "slow")
 
 
 class ArmEventFormatError(ValueError):
@@ -73,6 +73,7 @@ def parse_event(text: str, path: str = "") -> dict[str, Any]:
     if kind not in KINDS:
         raise ArmEventFormatError(f"unknown trigger {str(kind)[:40]!r}")
     rank, files, params = _dict(raw, "rank"), _dict(raw, "files"), _dict(raw, "params")
+    profiled = [v for v in (_num(x) for x in _list(raw, "profiled_step_s")[:100]) if v is not None]
     threads, traceback = _list(raw, "threads"), _list(raw, "traceback")
     first, top, dropped = _list(raw, "first_params"), _list(raw, "census_top"), _list(raw, "dropped")
     return {
@@ -98,4 +99,11 @@ def parse_event(text: str, path: str = "") -> dict[str, Any]:
         "traceback": [f for f in (_frame(v) for v in traceback[-20:]) if f is not None],
         "census_top": [{"path": _text(h.get("path"), 400), "bytes": _int(h.get("bytes"))}
                        for h in top[:5] if isinstance(h, dict)],
+        # slow
+        "slow_step": _int(raw.get("slow_step")), "slow_step_s": _num(raw.get("slow_step_s")),
+        "median_s": _num(raw.get("median_s")), "factor": _num(raw.get("factor")),
+        "steps_wanted": _int(raw.get("steps_wanted")), "profiled_step_s": profiled,
+        "timed_out": raw.get("timed_out") is True,
+        "started_after_s": _num(raw.get("profile_started_after_s")),
+        "trace": os.path.basename(_text(raw.get("trace"), 200) or "") or None,
     }

@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from flight_profiler.requests.base import AgentRequest, Line, number
 
-KINDS = ("hang", "nan", "oom")
+KINDS = ("hang", "nan", "oom", "slow")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TIMES = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -42,9 +42,18 @@ def parse_duration(text: str) -> float:
     return value
 
 
+def parse_factor(text: str) -> float:
+    """``3``, ``2.5``, ``3x`` -> a factor above 1."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*x?\s*", text.lower())
+    if not m or float(m.group(1)) <= 1.0:
+        raise ValueError(f"{text!r} is not a FACTOR above 1 (e.g. 3: a step 3x the median)")
+    return float(m.group(1))
+
+
 def arm(on: str, out: str, seconds: float | None = None, max_fires: int | None = None,
         duration: float | None = None, rss_limit: int | None = None, max_bytes: int | None = None,
-        threads: str | None = None) -> AgentRequest:
+        threads: str | None = None, factor: float | None = None,
+        steps: int | None = None) -> AgentRequest:
     """Leave a trigger in the agent; ``out`` is made absolute here (the agent's cwd differs)."""
     if on not in KINDS:
         raise ValueError(f"unknown trigger {on!r}: one of {', '.join(KINDS)}")
@@ -52,6 +61,10 @@ def arm(on: str, out: str, seconds: float | None = None, max_fires: int | None =
         raise ValueError("--on hang needs SECONDS, e.g. --on hang 600")
     if on != "hang" and seconds is not None:
         raise ValueError(f"--on {on} takes no SECONDS")
+    if on == "slow" and factor is None:
+        raise ValueError("--on slow needs FACTOR, e.g. --on slow 3 (a step 3x the median)")
+    if on != "slow" and (factor is not None or steps is not None):
+        raise ValueError("FACTOR and --steps go with --on slow")
     if rss_limit is not None and on != "oom":
         raise ValueError("--rss-limit goes with --on oom")
     if threads is not None and on != "hang":
@@ -62,10 +75,14 @@ def arm(on: str, out: str, seconds: float | None = None, max_fires: int | None =
     if seconds is not None:
         args["seconds"] = float(seconds)
         line.extend(number(seconds))
+    if factor is not None:
+        args["factor"] = float(factor)
+        line.extend(number(factor))
     line.option("--out", out)
     for key, flag, value in (("max_fires", "--max-fires", max_fires), ("for", "--for", duration),
                              ("rss_limit", "--rss-limit", rss_limit),
-                             ("max_bytes", "--max-bytes", max_bytes), ("threads", "--threads", threads)):
+                             ("max_bytes", "--max-bytes", max_bytes), ("threads", "--threads", threads),
+                             ("steps", "--steps", steps)):
         if value is not None:
             args[key] = value
             line.option(flag, number(value) if isinstance(value, float) else value)
@@ -100,8 +117,9 @@ def _given(ctx: click.Context, name: str) -> Any:
 @click.command(name="arm", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--on", "on", type=click.Choice(KINDS), required=True,
               help="What to catch: hang SECONDS (no progress for that long), nan (first "
-                   "non-finite gradient after an optimizer step), oom (out of memory).")
-@click.argument("seconds", required=False, callback=_duration, metavar="[SECONDS]")
+                   "non-finite gradient after an optimizer step), oom (out of memory), slow FACTOR "
+                   "(a step FACTOR x the running median: profile the next --steps).")
+@click.argument("value", required=False, metavar="[SECONDS|FACTOR]")
 @click.option("--out", "out", required=True, metavar="DIR",
               help="Directory for the evidence (one directory per event), writable by the job's user.")
 @click.option("--max-fires", type=click.IntRange(1, 1000), default=1, show_default=True,
@@ -115,6 +133,8 @@ def _given(ctx: click.Context, name: str) -> Any:
                    "dropped, the oldest kept.")
 @click.option("--threads", type=click.Choice(("main", "all")),
               help="hang: watch the main thread (default) or every thread (fire when none moves).")
+@click.option("--steps", type=click.IntRange(1, 50), metavar="N",
+              help="slow: profile this many steps after the slow one (default 3).")
 @click.pass_context
 def arm_command(ctx: click.Context, /, **_: Any) -> AgentRequest:
     """Leave a trigger in the job that writes evidence when it fires.
@@ -124,14 +144,24 @@ def arm_command(ctx: click.Context, /, **_: Any) -> AgentRequest:
       arm --on hang 600 --out /tmp/fp-evidence
       arm --on nan --out /tmp/fp-evidence --for 8h
       arm --on oom --rss-limit 12G --out /tmp/fp-evidence
+      arm --on slow 3 --steps 5 --out /tmp/fp-evidence
     The trigger outlives this command: `status` lists it, `disarm` or `detach` removes it.
     `flight_profiler report DIR` diagnoses what it wrote.
     """
     p = ctx.params
+    value, seconds, factor = p["value"], None, None
     try:
-        return arm(p["on"], p["out"], seconds=p["seconds"], max_fires=_given(ctx, "max_fires"),
+        if value is not None and p["on"] == "slow":
+            factor = parse_factor(value)
+        elif value is not None:
+            seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="FACTOR" if p["on"] == "slow"
+                                 else "SECONDS") from None
+    try:
+        return arm(p["on"], p["out"], seconds=seconds, max_fires=_given(ctx, "max_fires"),
                    duration=p["duration"], rss_limit=p["rss_limit"], max_bytes=p["max_bytes"],
-                   threads=p["threads"])
+                   threads=p["threads"], factor=factor, steps=p["steps"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 

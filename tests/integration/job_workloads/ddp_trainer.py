@@ -9,7 +9,8 @@ MODE plants one problem on the last rank (the "odd" one); the others are healthy
   slow_data     its samples take 40x longer to load (a slow disk on that node)
   slow_compute  it computes an extra, expensive metric on every batch
   sleep         it sleeps in its logging call on every step (a slow metrics store)
-  hang          its prefetch thread dies on a bad sample: it waits for a batch forever
+  hang          its prefetch thread dies on a bad sample: it waits for a batch forever (after
+                6 batches; with FP_HANG_FILE=PATH in the environment: once PATH exists)
   skip          it skips the barrier the others enter before saving a checkpoint
 
 Each rank writes READY_DIR/rank<N> (its pid) after its third step, and prints READY.
@@ -85,10 +86,14 @@ class Prefetcher:
             self.loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
             for batch in self.loader:
                 n += 1
-                if self.fail_after is not None and n > self.fail_after:
+                if self.fail_after is not None and self._fails(n):
                     raise ValueError("corrupt sample")  # the thread dies, nobody notices
                 self.batches.put(batch)
             epoch += 1
+
+    def _fails(self, n: int) -> bool:
+        bad_file = os.environ.get("FP_HANG_FILE")
+        return os.path.exists(bad_file) if bad_file else n > (self.fail_after or 0)
 
     def wait_for_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batches.get()

@@ -19,7 +19,8 @@ from ..triggers.armory import ARMORY
 from ..triggers.base import Trigger
 from ..triggers.evidence import EvidenceDir, EvidenceError
 
-KINDS = ("hang", "nan", "oom")
+KINDS = ("hang", "nan", "oom", "slow")
+MAX_SLOW_STEPS = 50
 DEFAULT_CAP = 512 * 1024 * 1024
 _MAX_TRIGGERS = 16
 
@@ -47,6 +48,21 @@ def _trigger(kind: str, args: dict[str, Any], out: EvidenceDir, max_fires: int) 
         if threads not in ("main", "all"):
             raise CommandError(f"arm: threads must be main or all, not {threads!r}", "", ERR_USAGE)
         return HangTrigger(out, max_fires, rank, seconds, str(threads))
+    if kind == "slow":
+        from ..profile_window import all_threads_config
+        from ..triggers.slow import SlowTrigger
+
+        factor = _number(args, "factor", 1.0)
+        if factor is None or factor <= 1.0:
+            raise CommandError("arm --on slow needs FACTOR above 1", "e.g. arm --on slow 3 --out DIR",
+                               ERR_USAGE)
+        steps = int(_number(args, "steps", 1.0, 3.0) or 3)
+        if steps > MAX_SLOW_STEPS:
+            raise CommandError(f"arm: --steps is at most {MAX_SLOW_STEPS}", "", ERR_USAGE)
+        if all_threads_config(sys.modules["torch"]) is None:
+            raise CommandError("arm --on slow: this torch cannot profile all threads",
+                               "a newer torch has profile_all_threads", ERR_USAGE)
+        return SlowTrigger(out, max_fires, rank, factor, steps)
     if kind == "nan":
         from ..triggers.nan import NanTrigger
 
@@ -70,6 +86,9 @@ def handle_arm(ctx: Context) -> dict[str, Any]:
     cap = int(_number(args, "max_bytes", 4096.0, DEFAULT_CAP) or DEFAULT_CAP)
     if kind == "nan" and "torch" not in sys.modules:
         raise CommandError("arm --on nan: the job has not imported torch", "", ERR_USAGE)
+    if kind == "slow" and "torch.optim.optimizer" not in sys.modules:
+        raise CommandError("arm --on slow: the job has not imported torch.optim (no step to time)",
+                           "", ERR_USAGE)
     if len(ARMORY.triggers) >= _MAX_TRIGGERS:
         raise CommandError(f"{_MAX_TRIGGERS} triggers are armed already", "disarm some first")
     try:

@@ -1,5 +1,7 @@
-"""Evidence an armed trigger wrote (``arm --on hang|nan|oom``): one finding per event, naming
-the line the job hung on, the step and parameters the NaN hit, or the allocation that failed."""
+"""Evidence an armed trigger wrote (``arm --on hang|nan|oom|slow``): one finding per event,
+naming the line the job hung on, the step and parameters the NaN hit, the allocation that
+failed, or the slow step against the median (its trace is an input of its own: the trace rules
+say where the time went)."""
 
 from __future__ import annotations
 
@@ -106,11 +108,49 @@ def _oom(ev: dict[str, Any], inp: InputResult) -> Finding:
         ranks=[ev["rank"]] if ev.get("rank") is not None else None)
 
 
+def _slow(ev: dict[str, Any], inp: InputResult) -> Finding:
+    slow, typical, factor = ev.get("slow_step_s") or 0.0, ev.get("median_s") or 0.0, ev.get("factor")
+    ratio = slow / typical if typical else 0.0
+    step = ev.get("slow_step")
+    what = (f"step {step} took {slow * 1000:.1f} ms, {ratio:.1f}x the running median of "
+            f"{typical * 1000:.1f} ms (armed at {factor or 0:g}x)")
+    evidence = [what]
+    profiled = ev["profiled_step_s"]
+    if profiled:
+        shown = ", ".join(f"{p * 1000:.1f}" for p in profiled[:10])
+        still = sum(1 for p in profiled if typical and p > (factor or 1.0) * typical)
+        evidence.append(f"the {len(profiled)} profiled step(s) after it took {shown} ms "
+                        f"({still} still over {factor or 0:g}x the median)")
+    late = ev.get("started_after_s")
+    if late is not None and late > 1.0:
+        evidence.append(f"the profile started {late:.1f} s after the slow step (torch's profiler "
+                        "starting up): the trace holds the steps from then on")
+    if ev.get("timed_out"):
+        evidence.append(f"the job stopped stepping before {ev.get('steps_wanted')} steps were profiled")
+    trace = ev.get("trace")
+    if trace and trace in ev["files"]:
+        evidence.append(f"trace of the steps after it: {trace} (its own findings in this report)")
+    elif trace:
+        evidence.append(f"the trace {trace} is not in the evidence (dropped or not written)")
+    return Finding(
+        rule="arm-slow", severity="warning",
+        title=f"Step {step} {ratio:.1f}x slower than the median ({_who(ev)})",
+        summary=what + ".", root_cause=what, evidence=evidence + _common(ev, inp),
+        where=[trace] if trace else [],
+        fix=["Read the trace's findings below (or open it in Perfetto): the ops or the data "
+             "wait that grew in the slow steps name the cause: a bigger batch or sequence, a "
+             "slower data shard or storage, a recompilation, another process on the device."],
+        inputs=[inp.path],
+        metrics={"step": step, "step_s": slow, "median_s": typical, "ratio": round(ratio, 2),
+                 "profiled_step_s": profiled[:20]},
+        ranks=[ev["rank"]] if ev.get("rank") is not None else None)
+
+
 def check(ctx: Context) -> list[Finding]:
     out = []
     for inp in ctx.arm_events:
         ev = inp.data
-        make = {"hang": _hang, "nan": _nan, "oom": _oom}.get(ev.get("kind", ""))
+        make = {"hang": _hang, "nan": _nan, "oom": _oom, "slow": _slow}.get(ev.get("kind", ""))
         if make is not None:
             out.append(make(ev, inp))
     return out
