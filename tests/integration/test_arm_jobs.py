@@ -220,3 +220,87 @@ def test_disarm_leaves_no_hooks_and_no_threads():
         assert target.alive()
     finally:
         target.stop()
+
+
+OOM_JOB = """
+import os, sys, time
+import torch
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    go = sys.argv[1]
+    print("READY", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    predictions = []                                  # kept for an end-of-epoch metric
+    step = 0
+    while True:
+        x = torch.randn(512, 256)
+        hidden = model[1](model[0](x))                # STEP: a 2 MiB activation each step
+        loss = model[2](hidden).pow(2).mean()         # STEP
+        opt.zero_grad()
+        loss.backward()                               # STEP
+        opt.step()
+        predictions.append(hidden.detach())           # the leak: 2 MiB a step, never freed
+        step += 1
+        print(f"step {step}", flush=True)
+        time.sleep(0.02)
+
+main()
+"""
+
+
+def _statm(pid: int) -> tuple[int, int]:
+    """(virtual size, RSS) of ``pid`` in bytes."""
+    size, rss = Path(f"/proc/{pid}/statm").read_text().split()[:2]
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(size) * page, int(rss) * page
+
+
+def test_a_real_cpu_oom_under_rlimit_as_fires_with_the_line_and_who_holds_the_memory():
+    """The job keeps 2 MiB a step until torch's CPU allocator fails under RLIMIT_AS (a
+    RuntimeError "DefaultCPUAllocator: can't allocate memory", not a MemoryError) and kills it;
+    on the way its RSS passes --rss-limit. Two events: the RSS crossing with a census, and the
+    uncaught out-of-memory error with its line and a census taken while its frames still hold
+    the memory; the report names both."""
+    import resource
+
+    target, go, out = start(OOM_JOB)
+    try:
+        target.wait_for("READY", 60)
+        _, rss = _statm(target.pid)
+        proc = cli(target.pid, f"arm --on oom --rss-limit {(rss >> 20) + 120}M --max-fires 2 --out {out}")
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        # the limit is set once the agent is in (its thread and arena count too): 400 MiB more
+        size, _ = _statm(target.pid)
+        resource.prlimit(target.pid, resource.RLIMIT_AS, (size + (400 << 20), resource.RLIM_INFINITY))
+        go.touch()
+        target.popen.wait(120)
+        assert target.popen.returncode not in (0, None)
+        assert "DefaultCPUAllocator" in target.stderr  # the job's own traceback still printed
+        found = events(out, 10)
+        docs = [json.loads((e / "event.json").read_text()) for e in found]
+        assert [d["signal"] for d in docs] == ["rss", "exception"], docs
+        rss_doc, exc_doc = docs
+        assert rss_doc["rss_bytes"] > rss_doc["rss_limit"]
+        assert "DefaultCPUAllocator: can't allocate memory" in exc_doc["error"]
+        where = exc_doc["where"]
+        assert where["file"].endswith("target_main.py") and where["function"] == "main"
+        line = Path(where["file"]).read_text().splitlines()[where["line"] - 1]
+        assert "# STEP" in line, line
+        # the kept predictions are the biggest holder, found by name, and grew in between
+        assert all(doc.get("census_top") for doc in docs), [(d["signal"], d.get("census"), d.get("capture_error")) for d in docs]
+        tops = [doc["census_top"][0] for doc in docs]
+        assert all("predictions" in top["path"] for top in tops), tops
+        assert tops[0]["bytes"] >= 16 << 20 and tops[1]["bytes"] >= 200 << 20, tops
+        assert (found[1] / "census.json").is_file() and (found[1] / "stacks.json").is_file()
+        report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True,
+                                timeout=120, env=ENV)
+        assert report.returncode == 0, report.stderr
+        text = report.stdout
+        assert "DefaultCPUAllocator" in text and f"target_main.py:{where['line']}" in text, text
+        assert "passed the limit" in text and "predictions" in text, text
+    finally:
+        target.stop()

@@ -91,13 +91,15 @@ def _oom(ev: dict[str, Any], inp: InputResult) -> Finding:
     else:
         what = f"{ev.get('error') or 'out of memory'} (RSS {fmt_bytes(ev.get('rss_bytes') or 0)})"
     evidence = [what]
+    top = ev["census_top"]
     if where:
         evidence.append(f"in {_at(where)}")
     for h in ev["census_top"]:
         evidence.append(f"held: {h['path']} {fmt_bytes(h['bytes'] or 0)}")
     return Finding(
         rule="arm-oom", severity="critical", title=f"Out of memory caught by the armed trigger ({_who(ev)})",
-        summary=what + (f", in {_at(where)}" if where else "") + ".",
+        summary=what + (f", in {_at(where)}" if where else "") + (
+            f"; held most: {top[0]['path']} ({fmt_bytes(top[0]['bytes'] or 0)})" if top else "") + ".",
         root_cause=what, evidence=evidence + _common(ev, inp),
         where=[f"{where['file']}:{where['line']}"] if where else [],
         fix=["census.json / memory_snapshot.pickle beside event.json say who held the memory: "
