@@ -304,3 +304,49 @@ def test_a_real_cpu_oom_under_rlimit_as_fires_with_the_line_and_who_holds_the_me
         assert "passed the limit" in text and "predictions" in text, text
     finally:
         target.stop()
+
+
+def test_torchrun_rank_stuck_in_its_data_path_both_ranks_fire_and_the_report_names_it(tmp_path: Path):
+    """Two gloo ranks, `arm --on hang 4` on each; rank 1 stops in its data path, rank 0 then
+    waits in DDP's all-reduce. Each rank's trigger fires (long before the group's 10-minute
+    timeout) and names its own line; both ranks are alive afterwards."""
+    from torchrun_jobs import WORKLOADS, Job
+
+    go = tmp_path / "go"
+    out = tmp_path / "evidence"
+    job = Job(WORKLOADS / "ddp_data_hang.py", "train", 2, tmp_path,
+              env={"HANG_GO": str(go), "TORCH_FR_BUFFER_SIZE": "2000"})
+    try:
+        pids = job.wait_ready()
+        for _rank, pid in sorted(pids.items()):
+            proc = cli(pid, f"arm --on hang 4 --out {out}")
+            assert proc.returncode == 0, proc.stderr + proc.stdout
+        go.touch()
+        deadline = time.monotonic() + 90
+        found: list[Path] = []
+        while time.monotonic() < deadline and len(found) < 2:
+            found = sorted(p for p in out.iterdir() if not p.name.startswith("."))
+            time.sleep(0.5)
+        docs = {json.loads((e / "event.json").read_text())["rank"]["rank"]:
+                json.loads((e / "event.json").read_text()) for e in found}
+        assert sorted(docs) == [0, 1], found
+        script = (WORKLOADS / "ddp_data_hang.py").read_text().splitlines()
+        for rank, marker in ((0, "COLLECTIVE"), (1, "DATA-HANG")):
+            doc = docs[rank]
+            assert doc["trigger"] == "hang" and doc["stalled_s"] >= 4
+            where = doc["where"]
+            assert where["file"].endswith("ddp_data_hang.py"), where
+            assert marker in script[where["line"] - 1], (rank, where)
+        assert job.dead_ranks() == [] and job.popen.poll() is None, job.log_tail()
+        report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True,
+                                timeout=120, env=ENV)
+        assert report.returncode == 0, report.stderr
+        text = report.stdout
+        lines = {rank: f"ddp_data_hang.py:{docs[rank]['where']['line']}" for rank in docs}
+        assert lines[0] in text and lines[1] in text, text
+        # the cause is the rank outside any collective, named first; rank 0 waits for it
+        assert text.splitlines()[0].startswith("Verdict") and "rank 1" in text.splitlines()[0], text
+        assert "Rank 1 stopped outside any collective" in text, text
+        assert "Rank 0 waits in a collective" in text, text
+    finally:
+        job.stop()
