@@ -74,6 +74,7 @@ def traceback_roots(exc: BaseException, thread: str) -> list[tuple[str, Any]]:
 
     roots: list[tuple[str, Any]] = []
     tb = exc.__traceback__
+    frame: Any = None
     while tb is not None and len(roots) < 10_000:
         frame = tb.tb_frame
         code = frame.f_code

@@ -66,7 +66,7 @@ def _to_host(torch: Any, flags: list[Any]) -> tuple[Any, list[Any]]:
     read on a later step, once the device got there (CUDA's documented Event/non_blocking copy;
     verified on CPU only, with fakes)."""
     host, events = [], []
-    cuda = getattr(torch, "cuda", None)
+    cuda: Any = getattr(torch, "cuda", None)
     for flag in flags:
         on_cuda = flag.device.type == "cuda" and cuda is not None
         out = torch.empty((), dtype=torch.bool, pin_memory=on_cuda)
