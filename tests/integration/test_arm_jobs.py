@@ -237,13 +237,13 @@ def main():
     predictions = []                                  # kept for an end-of-epoch metric
     step = 0
     while True:
-        x = torch.randn(512, 256)
-        hidden = model[1](model[0](x))                # STEP: a 2 MiB activation each step
+        x = torch.randn(2048, 256)
+        hidden = model[1](model[0](x))                # STEP: an 8 MiB activation each step
         loss = model[2](hidden).pow(2).mean()         # STEP
         opt.zero_grad()
         loss.backward()                               # STEP
         opt.step()
-        predictions.append(hidden.detach())           # the leak: 2 MiB a step, never freed
+        predictions.append(hidden[:512].detach().clone())  # the leak: 2 MiB a step, never freed
         step += 1
         print(f"step {step}", flush=True)
         time.sleep(0.02)
@@ -264,7 +264,9 @@ def test_a_real_cpu_oom_under_rlimit_as_fires_with_the_line_and_who_holds_the_me
     RuntimeError "DefaultCPUAllocator: can't allocate memory", not a MemoryError) and kills it;
     on the way its RSS passes --rss-limit. Two events: the RSS crossing with a census, and the
     uncaught out-of-memory error with its line and a census taken while its frames still hold
-    the memory; the report names both."""
+    the memory; the report names both. The failing allocation is an 8 MiB activation: what a
+    census needs is left once it fails (with 2 MiB ones the census itself ran out of memory
+    under load, and says so: "census skipped: out of memory while taking it")."""
     import resource
 
     target, go, out = start(OOM_JOB)
