@@ -220,3 +220,135 @@ def test_disarm_leaves_no_hooks_and_no_threads():
         assert target.alive()
     finally:
         target.stop()
+
+
+OOM_JOB = """
+import os, sys, time
+import torch
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    go = sys.argv[1]
+    print("READY", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    predictions = []                                  # kept for an end-of-epoch metric
+    step = 0
+    while True:
+        x = torch.randn(2048, 256)
+        hidden = model[1](model[0](x))                # STEP: an 8 MiB activation each step
+        loss = model[2](hidden).pow(2).mean()         # STEP
+        opt.zero_grad()
+        loss.backward()                               # STEP
+        opt.step()
+        predictions.append(hidden[:512].detach().clone())  # the leak: 2 MiB a step, never freed
+        step += 1
+        print(f"step {step}", flush=True)
+        time.sleep(0.02)
+
+main()
+"""
+
+
+def _statm(pid: int) -> tuple[int, int]:
+    """(virtual size, RSS) of ``pid`` in bytes."""
+    size, rss = Path(f"/proc/{pid}/statm").read_text().split()[:2]
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(size) * page, int(rss) * page
+
+
+def test_a_real_cpu_oom_under_rlimit_as_fires_with_the_line_and_who_holds_the_memory():
+    """The job keeps 2 MiB a step until torch's CPU allocator fails under RLIMIT_AS (a
+    RuntimeError "DefaultCPUAllocator: can't allocate memory", not a MemoryError) and kills it;
+    on the way its RSS passes --rss-limit. Two events: the RSS crossing with a census, and the
+    uncaught out-of-memory error with its line and a census taken while its frames still hold
+    the memory; the report names both. The failing allocation is an 8 MiB activation: what a
+    census needs is left once it fails (with 2 MiB ones the census itself ran out of memory
+    under load, and says so: "census skipped: out of memory while taking it")."""
+    import resource
+
+    target, go, out = start(OOM_JOB)
+    try:
+        target.wait_for("READY", 60)
+        _, rss = _statm(target.pid)
+        proc = cli(target.pid, f"arm --on oom --rss-limit {(rss >> 20) + 120}M --max-fires 2 --out {out}")
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        # the limit is set once the agent is in (its thread and arena count too): 400 MiB more
+        size, _ = _statm(target.pid)
+        resource.prlimit(target.pid, resource.RLIMIT_AS, (size + (400 << 20), resource.RLIM_INFINITY))
+        go.touch()
+        target.popen.wait(120)
+        assert target.popen.returncode not in (0, None)
+        assert "DefaultCPUAllocator" in target.stderr  # the job's own traceback still printed
+        found = events(out, 10)
+        docs = [json.loads((e / "event.json").read_text()) for e in found]
+        assert [d["signal"] for d in docs] == ["rss", "exception"], docs
+        rss_doc, exc_doc = docs
+        assert rss_doc["rss_bytes"] > rss_doc["rss_limit"]
+        assert "DefaultCPUAllocator: can't allocate memory" in exc_doc["error"]
+        where = exc_doc["where"]
+        assert where["file"].endswith("target_main.py") and where["function"] == "main"
+        line = Path(where["file"]).read_text().splitlines()[where["line"] - 1]
+        assert "# STEP" in line, line
+        # the kept predictions are the biggest holder, found by name, and grew in between
+        assert all(doc.get("census_top") for doc in docs), [(d["signal"], d.get("census"), d.get("capture_error")) for d in docs]
+        tops = [doc["census_top"][0] for doc in docs]
+        assert all("predictions" in top["path"] for top in tops), tops
+        assert tops[0]["bytes"] >= 16 << 20 and tops[1]["bytes"] >= 200 << 20, tops
+        assert (found[1] / "census.json").is_file() and (found[1] / "stacks.json").is_file()
+        report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True,
+                                timeout=120, env=ENV)
+        assert report.returncode == 0, report.stderr
+        text = report.stdout
+        assert "DefaultCPUAllocator" in text and f"target_main.py:{where['line']}" in text, text
+        assert "passed the limit" in text and "predictions" in text, text
+    finally:
+        target.stop()
+
+
+def test_torchrun_rank_stuck_in_its_data_path_both_ranks_fire_and_the_report_names_it(tmp_path: Path):
+    """Two gloo ranks, `arm --on hang 4` on each; rank 1 stops in its data path, rank 0 then
+    waits in DDP's all-reduce. Each rank's trigger fires (long before the group's 10-minute
+    timeout) and names its own line; both ranks are alive afterwards."""
+    from torchrun_jobs import WORKLOADS, Job
+
+    go = tmp_path / "go"
+    out = tmp_path / "evidence"
+    job = Job(WORKLOADS / "ddp_data_hang.py", "train", 2, tmp_path,
+              env={"HANG_GO": str(go), "TORCH_FR_BUFFER_SIZE": "2000"})
+    try:
+        pids = job.wait_ready()
+        for _rank, pid in sorted(pids.items()):
+            proc = cli(pid, f"arm --on hang 4 --out {out}")
+            assert proc.returncode == 0, proc.stderr + proc.stdout
+        go.touch()
+        deadline = time.monotonic() + 90
+        found: list[Path] = []
+        while time.monotonic() < deadline and len(found) < 2:
+            found = sorted(p for p in out.iterdir() if not p.name.startswith("."))
+            time.sleep(0.5)
+        docs = {json.loads((e / "event.json").read_text())["rank"]["rank"]:
+                json.loads((e / "event.json").read_text()) for e in found}
+        assert sorted(docs) == [0, 1], found
+        script = (WORKLOADS / "ddp_data_hang.py").read_text().splitlines()
+        for rank, marker in ((0, "COLLECTIVE"), (1, "DATA-HANG")):
+            doc = docs[rank]
+            assert doc["trigger"] == "hang" and doc["stalled_s"] >= 4
+            where = doc["where"]
+            assert where["file"].endswith("ddp_data_hang.py"), where
+            assert marker in script[where["line"] - 1], (rank, where)
+        assert job.dead_ranks() == [] and job.popen.poll() is None, job.log_tail()
+        report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True,
+                                timeout=120, env=ENV)
+        assert report.returncode == 0, report.stderr
+        text = report.stdout
+        lines = {rank: f"ddp_data_hang.py:{docs[rank]['where']['line']}" for rank in docs}
+        assert lines[0] in text and lines[1] in text, text
+        # the cause is the rank outside any collective, named first; rank 0 waits for it
+        assert text.splitlines()[0].startswith("Verdict") and "rank 1" in text.splitlines()[0], text
+        assert "Rank 1 stopped outside any collective" in text, text
+        assert "Rank 0 waits in a collective" in text, text
+    finally:
+        job.stop()

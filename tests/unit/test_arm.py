@@ -262,3 +262,14 @@ def test_naming_the_parameters_hit_prints_no_warning_into_the_job() -> None:
         warnings.simplefilter("error")
         assert nan._names(torch, [loose]) == {}
         assert nan._names(torch, [net.weight]) == {id(net.weight): "weight"}
+
+
+def test_torch_cpu_allocator_failure_is_an_out_of_memory_error() -> None:
+    """torch's CPU allocator raises a plain RuntimeError under RLIMIT_AS, not a MemoryError."""
+    from flight_profiler.agent.triggers.oom import is_oom
+
+    text = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 2097152 bytes. Error code 12 (Cannot allocate memory)")
+    assert is_oom(RuntimeError(text))
+    assert not is_oom(RuntimeError("shape mismatch: can't allocate a view"))
+    assert not is_oom(ValueError(text))  # only torch's own error type carries it

@@ -85,7 +85,8 @@ def parse_event(text: str, path: str = "") -> dict[str, Any]:
         "capture_error": _text(raw.get("capture_error")),
         # hang
         "stalled_s": _num(raw.get("stalled_s")), "fr": _text(raw.get("fr")),
-        "threads": [{"thread": _text(t.get("thread"), 200), "where": _frame(t.get("where"))}
+        "threads": [{"thread": _text(t.get("thread"), 200), "where": _frame(t.get("where")),
+                     "inner": [f for f in (_frame(v) for v in _list(t, "frames")[-12:]) if f is not None]}
                     for t in threads[:20] if isinstance(t, dict)],
         "seconds": _num(params.get("seconds")),
         # nan

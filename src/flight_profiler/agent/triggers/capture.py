@@ -66,6 +66,26 @@ def traceback_frames(exc: BaseException, limit: int = 64) -> list[dict[str, Any]
     return out
 
 
+def traceback_roots(exc: BaseException, thread: str) -> list[tuple[str, Any]]:
+    """The locals of the frames an exception unwound, as census roots named as the census names
+    a running function's (``main() local predictions``): once it reached the excepthook those
+    frames are on no thread's stack, yet what they hold is still alive (and is the memory)."""
+    from ..holder_paths import frame_prefix
+
+    roots: list[tuple[str, Any]] = []
+    tb = exc.__traceback__
+    frame: Any = None
+    while tb is not None and len(roots) < 10_000:
+        frame = tb.tb_frame
+        code = frame.f_code
+        if is_program_file(code.co_filename):
+            prefix = frame_prefix(thread, str(frame.f_globals.get("__name__", "?")), code.co_name)
+            roots += [(f"{prefix} {name}", value) for name, value in frame.f_locals.items()]
+        tb = tb.tb_next
+    frame = None
+    return roots
+
+
 def current_frames(skip: int = 1, limit: int = 64) -> list[dict[str, Any]]:
     """The calling thread's own stack, outermost first (the caller's frames left out)."""
     out = []
@@ -120,13 +140,15 @@ def cuda_devices(torch: Any) -> list[dict[str, Any]]:
     return out
 
 
-def census(torch: Any, seconds: float, label: str) -> tuple[dict[str, Any] | None, str | None]:
+def census(torch: Any, seconds: float, label: str, extra_roots: list[tuple[str, Any]] | None = None,
+           ) -> tuple[dict[str, Any] | None, str | None]:
     """A tensor census taken where no other thread can be inside a torch op (safepoint.py):
-    every other thread held, or in the main thread. (census, None) or (None, why not)."""
+    every other thread held, or in the main thread. (census, None) or (None, why not).
+    ``extra_roots``: (path, value) walked as roots too (the locals of an exception's frames)."""
     from .. import tensor_census
 
     def take() -> dict[str, Any]:
-        return tensor_census.take(torch, label=label, seconds=seconds)
+        return tensor_census.take(torch, label=label, seconds=seconds, extra_roots=extra_roots)
 
     try:
         if thread_gate.supported() and not safepoint._torch_profiler_running():

@@ -42,6 +42,47 @@ def _grads(optimizer: Any) -> list[tuple[int, int, Any, Any]]:
     return out
 
 
+def _finite_flags(torch: Any, optimizer: Any) -> list[Any]:
+    """One 0-d tensor per device: whether the sum of every gradient's norm there is finite.
+    A non-finite element makes its gradient's norm, and so the sum, non-finite; a finite sum
+    that overflows is a false alarm that _confirm clears. ``_foreach_norm`` reads each gradient
+    once in one call (fused kernels on a GPU), not one Python op per parameter."""
+    grads = [g for _, _, _, g in _grads(optimizer)]
+    if not grads:
+        return []
+    flags = []
+    with torch.no_grad():
+        by_device: dict[Any, list[Any]] = {}
+        for norm in torch._foreach_norm(grads):
+            by_device.setdefault(norm.device, []).append(norm)
+        for norms in by_device.values():
+            flags.append(torch.isfinite(torch.stack(norms).float().sum()))
+    return flags
+
+
+def _to_host(torch: Any, flags: list[Any]) -> tuple[Any, list[Any]]:
+    """Start copying device flags to pinned host memory; returns (ready(), host tensors).
+    ``ready`` queries an event recorded after the copies (no synchronisation); the flags are
+    read on a later step, once the device got there (CUDA's documented Event/non_blocking copy;
+    verified on CPU only, with fakes)."""
+    host, events = [], []
+    cuda: Any = getattr(torch, "cuda", None)
+    for flag in flags:
+        on_cuda = flag.device.type == "cuda" and cuda is not None
+        out = torch.empty((), dtype=torch.bool, pin_memory=on_cuda)
+        out.copy_(flag, non_blocking=True)
+        host.append(out)
+        if on_cuda:
+            event = cuda.Event()
+            event.record(cuda.current_stream(flag.device))
+            events.append(event)
+
+    def ready() -> bool:
+        return all(e.query() for e in events)
+
+    return ready, host
+
+
 def _names(torch: Any, params: list[Any]) -> dict[int, str]:
     """Names of ``params`` in the biggest module holding them (a walk of gc: only on fire)."""
     wanted = {id(p) for p in params}
@@ -75,6 +116,7 @@ class NanTrigger(Trigger):
         self._period: float | None = None
         self._cpu_at: float | None = None
         self._step_at = 0
+        self._pending: tuple[int, tuple[Any, list[Any]]] | None = None
 
     def detail(self) -> dict[str, Any]:
         return {"checks": self.checks, "every": self.every, "clean_at_step": self.clean_at,
@@ -93,7 +135,11 @@ class NanTrigger(Trigger):
         self.every = max(1, min(_MAX_EVERY, math.ceil(self._cost / (BUDGET * self._period))))
 
     def on_post_step(self, clock: Any, optimizer: Any, is_step: bool) -> None:
-        if not self.live or optimizer is None or clock.steps % self.every:
+        if not self.live or optimizer is None:
+            return
+        if self._pending is not None:
+            self._read_pending(clock, optimizer)
+        if clock.steps % self.every:
             return
         torch = sys.modules.get("torch")
         if torch is None:
@@ -102,31 +148,59 @@ class NanTrigger(Trigger):
         # the training thread's CPU per step since the last check (read on checked steps only)
         step_cpu = ((t0 - self._cpu_at) / (clock.steps - self._step_at)
                     if self._cpu_at is not None and clock.steps > self._step_at else None)
-        grads = _grads(optimizer)
-        bad: list[int] = []
-        if grads:
-            with torch.no_grad():
-                norms = torch._foreach_norm([g for _, _, _, g in grads])
-                if not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
-                    bad = [k for k, n in enumerate(norms) if not math.isfinite(float(n))]
+        flags = _finite_flags(torch, optimizer)
+        finite = True
+        if flags and all(f.device.type == "cpu" for f in flags):
+            finite = all(bool(f) for f in flags)  # on the CPU a read is no synchronisation
+        elif flags:
+            self._pending = (clock.steps, _to_host(torch, flags))
         self._cpu_at = time.thread_time()
         self._step_at = clock.steps
         spent = self._cpu_at - t0
         self.checks += 1
         self.check_s += spent
         self._pace(spent, step_cpu)
+        if finite:
+            if self._pending is None:
+                self.clean_at = clock.steps
+            return
+        self._confirm(clock, optimizer, torch)
+
+    def _read_pending(self, clock: Any, optimizer: Any) -> None:
+        """A device's flags of an earlier check, read once their copy has landed (an event
+        query: never a synchronisation). Its step is the one named, not this one."""
+        step, (ready, host) = self._pending  # type: ignore[misc]
+        if not ready():
+            return
+        self._pending = None
+        if all(bool(h) for h in host):
+            self.clean_at = max(self.clean_at or 0, step)
+            return
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self._confirm(clock, optimizer, torch, seen_at=step)
+
+    def _confirm(self, clock: Any, optimizer: Any, torch: Any, seen_at: int | None = None) -> None:
+        """The quick check said non-finite (or a finite sum overflowed): look per gradient."""
+        grads = _grads(optimizer)
+        with torch.no_grad():
+            norms = torch._foreach_norm([g for _, _, _, g in grads]) if grads else []
+            bad = [k for k, n in enumerate(norms) if not math.isfinite(float(n))]
         if not bad:
-            self.clean_at = clock.steps
+            if seen_at is None:
+                self.clean_at = clock.steps
             return
         if self.begin_fire():
             try:
                 hit = [grads[k] for k in bad]
-                self.write_event(lambda event: self._capture(event, torch, clock, hit, len(grads)))
+                self.write_event(lambda event: self._capture(event, torch, clock, hit, len(grads),
+                                                             seen_at))
             finally:
                 hit = []
                 self.end_fire()
 
-    def _capture(self, event: Event, torch: Any, clock: Any, hit: list[Any], total: int) -> dict[str, Any]:
+    def _capture(self, event: Event, torch: Any, clock: Any, hit: list[Any], total: int,
+                 seen_at: int | None) -> dict[str, Any]:
         names = _names(torch, [p for _, _, p, _ in hit[:_MAX_NAMED]])
         params = []
         for g, i, p, grad in hit[:_MAX_NAMED]:
@@ -139,6 +213,7 @@ class NanTrigger(Trigger):
                            "param_finite": param_ok})
         event.write_json("stacks.json", capture.stack_sample())
         where = capture.program_frame(capture.current_frames(skip=2))
-        return {"step": clock.steps, "clean_at_step": self.clean_at, "checked_every": self.every,
+        return {"step": clock.steps, "flagged_at_step": seen_at or clock.steps,
+                "clean_at_step": self.clean_at, "checked_every": self.every,
                 "params_hit": len(hit), "params_checked": total, "first_params": params,
                 "where": where, "thread": clock.thread}

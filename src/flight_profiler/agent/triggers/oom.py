@@ -20,6 +20,7 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
+import time
 from typing import Any
 
 from .. import cuda_history
@@ -28,16 +29,30 @@ from .base import Trigger
 from .evidence import Event, EvidenceDir
 
 HISTORY_ENTRIES = 100_000
+EXCEPTION_WAIT_S = 15.0
+
+
+# torch's CPU allocator raises a plain RuntimeError (c10::Error) when malloc fails, under
+# RLIMIT_AS or a cgroup without overcommit: "[enforce fail at alloc_cpu.cpp:127] err == 0.
+# DefaultCPUAllocator: can't allocate memory: you tried to allocate 20971520 bytes. Error code 12
+# (Cannot allocate memory)" (torch 2.13 on Linux; "not enough memory" is its Windows wording).
+_CPU_ALLOCATOR_WORDS = ("DefaultCPUAllocator: can't allocate memory",
+                        "DefaultCPUAllocator: not enough memory")
 
 
 def is_oom(exc: BaseException | None) -> bool:
     if exc is None:
         return False
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError):  # numpy's _ArrayMemoryError is one
         return True
     torch = sys.modules.get("torch")
     oom_type = getattr(torch, "OutOfMemoryError", None)
-    return isinstance(oom_type, type) and isinstance(exc, oom_type)
+    if isinstance(oom_type, type) and isinstance(exc, oom_type):
+        return True
+    if type(exc) is RuntimeError:
+        text = str(exc)[:4000]
+        return any(words in text for words in _CPU_ALLOCATOR_WORDS)
+    return False
 
 
 class OomTrigger(Trigger):
@@ -122,13 +137,24 @@ class OomTrigger(Trigger):
             (self._old_thread or threading.__excepthook__)(args)
 
     def fire_exception(self, exc: BaseException, thread: str) -> None:
-        if not self.begin_fire():
-            return
+        # The thread (often the job) dies of this error right after: worth waiting for an RSS
+        # event the watcher is still writing rather than losing the OOM itself.
+        deadline = time.monotonic() + EXCEPTION_WAIT_S
+        while not self.begin_fire():
+            if self.state != "firing" or time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
         try:
             frames = capture.traceback_frames(exc)
             doc = {"signal": "exception", "error": f"{type(exc).__name__}: {str(exc)[:2000]}",
                    "thread": thread, "traceback": frames, "where": capture.program_frame(frames)}
-            self.write_event(lambda event: self._capture(event, doc, census=False))
+            # The frames of the traceback are still alive here, and so is what their locals
+            # hold: the census sees the memory as it was at the failing allocation.
+            roots = capture.traceback_roots(exc, "MainThread" if thread == "main" else thread)
+            try:
+                self.write_event(lambda event: self._capture(event, doc, census=True, roots=roots))
+            finally:
+                roots.clear()
         finally:
             self.end_fire()
 
@@ -160,8 +186,8 @@ class OomTrigger(Trigger):
         finally:
             self.end_fire()
 
-    def _capture(self, event: Event, doc: dict[str, Any], census: bool,
-                 snapshot: bool = False) -> dict[str, Any]:
+    def _capture(self, event: Event, doc: dict[str, Any], census: bool, snapshot: bool = False,
+                 roots: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
         doc = dict(doc, rss_bytes=doc.get("rss_bytes") or capture.rss_bytes())
         torch = sys.modules.get("torch")
         if torch is not None:
@@ -172,7 +198,7 @@ class OomTrigger(Trigger):
             event.write("memory_snapshot.pickle", lambda f: f.write(data))
         event.write_json("stacks.json", capture.stack_sample())
         if census and torch is not None:
-            found, why = capture.census(torch, 10.0, "arm oom")
+            found, why = capture.census(torch, 10.0, "arm oom", extra_roots=roots)
             if found is not None:
                 event.write_json("census.json", found)
                 doc["census_top"] = capture.census_top(found)

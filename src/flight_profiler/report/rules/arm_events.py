@@ -93,13 +93,15 @@ def _oom(ev: dict[str, Any], inp: InputResult) -> Finding:
     else:
         what = f"{ev.get('error') or 'out of memory'} (RSS {fmt_bytes(ev.get('rss_bytes') or 0)})"
     evidence = [what]
+    top = ev["census_top"]
     if where:
         evidence.append(f"in {_at(where)}")
     for h in ev["census_top"]:
         evidence.append(f"held: {h['path']} {fmt_bytes(h['bytes'] or 0)}")
     return Finding(
         rule="arm-oom", severity="critical", title=f"Out of memory caught by the armed trigger ({_who(ev)})",
-        summary=what + (f", in {_at(where)}" if where else "") + ".",
+        summary=what + (f", in {_at(where)}" if where else "") + (
+            f"; held most: {top[0]['path']} ({fmt_bytes(top[0]['bytes'] or 0)})" if top else "") + ".",
         root_cause=what, evidence=evidence + _common(ev, inp),
         where=[f"{where['file']}:{where['line']}"] if where else [],
         fix=["census.json / memory_snapshot.pickle beside event.json say who held the memory: "
@@ -146,13 +148,49 @@ def _slow(ev: dict[str, Any], inp: InputResult) -> Finding:
         ranks=[ev["rank"]] if ev.get("rank") is not None else None)
 
 
+# Where a rank waits for the others: a torch.distributed call, or DDP's all-reduce, which
+# loss.backward() waits for inside the autograd engine.
+_COLLECTIVE_DIRS = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/autograd/")
+
+
+def _in_collective(ev: dict[str, Any]) -> bool:
+    threads = ev.get("threads") or []
+    inner = threads[0].get("inner") or [] if threads else []
+    return any(any(d in str(f.get("file", "")) for d in _COLLECTIVE_DIRS) for f in inner[-6:])
+
+
+def _blame_ranks(hangs: list[tuple[dict[str, Any], Finding]]) -> None:
+    """Hangs of several ranks of one job: the ranks that stopped outside any collective are the
+    cause, the ranks waiting in one wait for them (critical stays on the cause only)."""
+    ranked = [(ev, f) for ev, f in hangs if ev.get("rank") is not None and (ev.get("world_size") or 0) > 1]
+    waiting = [(ev, f) for ev, f in ranked if _in_collective(ev)]
+    stopped = [(ev, f) for ev, f in ranked if not _in_collective(ev)]
+    if not waiting or not stopped:
+        return
+    culprits = ", ".join(str(ev["rank"]) for ev, _ in stopped)
+    waiters = ", ".join(str(ev["rank"]) for ev, _ in waiting)
+    for ev, f in stopped:
+        f.summary = (f"Rank {ev['rank']} stopped outside any collective, in {_at(ev.get('where'))}; "
+                     f"rank(s) {waiters} wait for it in a collective.")
+        f.evidence.insert(0, f"rank(s) {waiters} hung inside a collective at the same time: they wait "
+                             f"for rank(s) {culprits}")
+    for ev, f in waiting:
+        f.severity = "warning"
+        f.summary = (f"Rank {ev['rank']} waits in a collective, in {_at(ev.get('where'))}, for "
+                     f"rank(s) {culprits}, which stopped outside one.")
+
+
 def check(ctx: Context) -> list[Finding]:
     out = []
+    hangs = []
     for inp in ctx.arm_events:
         ev = inp.data
         make = {"hang": _hang, "nan": _nan, "oom": _oom, "slow": _slow}.get(ev.get("kind", ""))
         if make is not None:
             out.append(make(ev, inp))
+            if ev.get("kind") == "hang":
+                hangs.append((ev, out[-1]))
+    _blame_ranks(hangs)
     return out
 
 
