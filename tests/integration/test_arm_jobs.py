@@ -11,12 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from arm_cli import CLI, ENV, cli, cli_json, events
 
 from support import Target, spawn, temp_dir, torch_available
 
@@ -26,8 +26,6 @@ pytestmark = [
     pytest.mark.skipif(not torch_available(), reason="needs torch in the test interpreter's venv"),
 ]
 
-CLI = [sys.executable, "-m", "flight_profiler"]
-ENV = {**os.environ, "COLUMNS": "200"}
 
 HANG_JOB = """
 import queue, sys, threading, time
@@ -92,27 +90,6 @@ def main():
 main()
 """
 
-
-def cli(pid: int, command: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, str(pid), *extra, "--cmd", command], capture_output=True,
-                          text=True, timeout=timeout, env=ENV)
-
-
-def cli_json(pid: int, command: str) -> dict[str, Any]:
-    proc = cli(pid, command, "--json")
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    doc: dict[str, Any] = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()][-1]
-    return doc
-
-
-def events(out: Path, timeout: float) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(p for p in out.iterdir() if not p.name.startswith("."))
-        if found:
-            return found
-        time.sleep(0.2)
-    return []
 
 
 def status_arm(pid: int) -> dict[str, Any]:

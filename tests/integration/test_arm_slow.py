@@ -11,14 +11,12 @@ the slowdown, not before, profile the slow steps that follow, and `report DIR` m
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from arm_cli import CLI, ENV, cli, cli_json, events
 
 from support import Target, spawn, temp_dir, torch_available
 from torchrun_jobs import DDP_TRAINER
@@ -30,8 +28,6 @@ pytestmark = [
     pytest.mark.skipif(not torch_available(), reason="needs torch in the test interpreter's venv"),
 ]
 
-CLI = [sys.executable, "-m", "flight_profiler"]
-ENV = {**os.environ, "COLUMNS": "200"}
 
 SLOW_JOB = """
 import os, sys, time
@@ -65,27 +61,6 @@ def main():
 main()
 """
 
-
-def cli(pid: int, command: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, str(pid), *extra, "--cmd", command], capture_output=True,
-                          text=True, timeout=timeout, env=ENV)
-
-
-def cli_json(pid: int, command: str) -> dict[str, Any]:
-    proc = cli(pid, command, "--json")
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    doc: dict[str, Any] = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()][-1]
-    return doc
-
-
-def events(out: Path, timeout: float) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(p for p in out.iterdir() if not p.name.startswith(".")) if out.exists() else []
-        if found:
-            return found
-        time.sleep(0.2)
-    return []
 
 
 def start(slow_after: int) -> tuple[Target, Path, Path]:
