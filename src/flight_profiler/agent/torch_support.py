@@ -37,11 +37,58 @@ _NATIVE_NOISE = re.compile(
     rb"|ERROR: External init callback must run in same thread as registerClient"
     rb"|\[W\d{4} [\d:.]+ (?:\d+ )?CPUAllocator\.cpp:\d+\] Memory block of unknown size)"
 )
+# c10 warnings from the profiler's own sources, printed by OUR session's start or stop: a
+# session over all threads that stops while another thread is inside an op finds that op with
+# no end ("collection.cpp:664] Warning: aten::addmm (function operator())", a SOFT_ASSERT on its
+# end time), or a shape recorded while the op changed it ("collection.cpp:212] Expected Tensor
+# Strides mismatch ..."). They say something about our trace, not about the target: they are
+# kept off its stderr and told to the user with the answer (profiler_warnings()).
+_PROFILER_WARNING = re.compile(
+    rb"^\[W\d{4} [\d:.]+ (?:\d+ )?(?:collection|profiler_kineto|profiler_python|kineto_shim)"
+    rb"\.cpp:\d+\] (?:Warning: )?(.*?)\s*$"
+)
+_WARNINGS_KEPT = 8
+_warnings_lock = threading.Lock()
+_warnings_seen: dict[str, int] = {}  # message -> times; bounded by _WARNINGS_KEPT
+
+
+def _keep_profiler_warning(line: bytes) -> bool:
+    """Whether ``line`` is one of torch's profiler warnings (counted for profiler_warnings())."""
+    match = _PROFILER_WARNING.match(line)
+    if match is None:
+        return False
+    message = match.group(1).decode("utf-8", "replace")[:200]
+    with _warnings_lock:
+        if message in _warnings_seen or len(_warnings_seen) < _WARNINGS_KEPT:
+            _warnings_seen[message] = _warnings_seen.get(message, 0) + 1
+    return True
+
+
+def profiler_warnings() -> list[str]:
+    """torch's profiler warnings kept off the target's stderr since the last call, as lines
+    for the answer ("aten::addmm (function operator()) x2"); the record is emptied."""
+    with _warnings_lock:
+        seen = dict(_warnings_seen)
+        _warnings_seen.clear()
+    return [f"{message} x{times}" if times > 1 else message for message, times in seen.items()]
+
+
+def still_importing(module: Any) -> bool:
+    """Whether ``module`` is in sys.modules but its import has not finished (another thread is
+    running its ``__init__``): half of torch is there (``torch.Tensor``), ``torch.profiler`` or
+    ``torch.cuda`` may not be yet, and reading them races with the import."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def get_torch() -> Any:
     """The target's torch module, or a torch_missing CommandError (never imports torch)."""
     torch = sys.modules.get("torch")
+    if torch is not None and still_importing(torch):
+        raise CommandError(
+            "the target is still importing torch",
+            "try again in a few seconds, once its `import torch` has finished",
+            ERR_TORCH_MISSING,
+        )
     if torch is None or not hasattr(torch, "Tensor"):
         raise CommandError(
             "the target has not imported torch",
@@ -229,7 +276,8 @@ class QuietStderr:
         os.close(saved)
         try:
             tmp.seek(0)
-            kept = [line for line in tmp.read().splitlines(True) if not _NATIVE_NOISE.match(line)]
+            kept = [line for line in tmp.read().splitlines(True)
+                    if not _NATIVE_NOISE.match(line) and not _keep_profiler_warning(line)]
             if kept:
                 os.write(2, b"".join(kept))
         except OSError:

@@ -32,6 +32,7 @@ from ..torch_support import (
     file_result,
     get_torch,
     output_path,
+    profiler_warnings,
 )
 
 
@@ -49,6 +50,7 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
                            ERR_USAGE)
     path = _path(ctx)
     check_writable(path)
+    profiler_warnings()  # earlier sessions' (a slow trigger's) are not this answer's
     use_cuda = cuda_in_use(torch)
     sort_by = str(ctx.arg("sort_by") or ("self_cuda" if use_cuda else "self_cpu"))
     if sort_by not in trace_tools.SORT_KEYS:
@@ -92,6 +94,12 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     else:
         table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
     del trace
+    warned = profiler_warnings()
+    if warned:
+        earlier = f"{info['note']}; " if info.get("note") else ""
+        info["note"] = earlier + ("torch's profiler warned (kept out of the target's stderr; an "
+                                  "operator in flight when the session started or stopped is cut "
+                                  "short in the trace): " + "; ".join(warned))
     mode = "around" if around and info.get("all_threads") else "window" if duration is not None and not around else "method"
     return {**file_result(path, size), "mode": mode,
             "cuda": use_cuda, **info, "top_ops": table}
