@@ -248,6 +248,39 @@ def test_quiet_stderr_drops_only_native_profiler_lines(capfd):
     assert err == "the target's own line\n"
 
 
+def test_quiet_stderr_keeps_torch_profiler_warnings_for_the_answer(capfd):
+    # the exact lines torch 2.13 printed into a target's stderr when our all-threads session
+    # stopped while another thread was inside an op (collection.cpp's SOFT_ASSERT on its end
+    # time), or recorded a shape the op was changing
+    from flight_profiler.agent.torch_support import profiler_warnings
+
+    profiler_warnings()
+    quiet = QuietStderr()
+    os.write(2, b"[W1124 23:58:40.597796811 collection.cpp:664] Warning: aten::addmm (function operator())\n")
+    os.write(2, b"[W1124 23:58:46.851402838 collection.cpp:212] Expected Tensor Strides mismatch with raw "
+                b"Tensor metadata. Reported shapes may be inaccurate!\n")
+    os.write(2, b"[W1124 23:58:47.000000001 collection.cpp:664] Warning: aten::addmm (function operator())\n")
+    os.write(2, b"[W1124 23:58:47.000000002 train.cpp:10] Warning: the target's own c10 warning\n")
+    quiet.close()
+    assert capfd.readouterr().err == "[W1124 23:58:47.000000002 train.cpp:10] Warning: the target's own c10 warning\n"
+    assert profiler_warnings() == [
+        "aten::addmm (function operator()) x2",
+        "Expected Tensor Strides mismatch with raw Tensor metadata. Reported shapes may be inaccurate!"]
+    assert profiler_warnings() == []  # told once
+
+
+def test_profiler_warnings_are_bounded(capfd):
+    from flight_profiler.agent.torch_support import profiler_warnings
+
+    profiler_warnings()
+    quiet = QuietStderr()
+    for i in range(1000):
+        os.write(2, f"[W1124 23:58:40.5 collection.cpp:664] Warning: aten::op{i} (function operator())\n".encode())
+    quiet.close()
+    assert capfd.readouterr().err == ""
+    assert len(profiler_warnings()) == 8
+
+
 def test_cli_profile_arguments(tmp_path, monkeypatch):
     from rich.console import Console
 
@@ -305,3 +338,34 @@ def test_sessions_start_and_stop_while_no_other_thread_can_run(work, tmp_path, m
     assert len(seen) == 8  # start and stop of the warm-up, 2 calls, then the window
     assert all(not gc_on and switch >= 1000.0 for gc_on, switch in seen), seen
     assert gc.isenabled() and sys.getswitchinterval() == interval
+
+
+_INDUCTOR_PROBE = """
+import json, sys
+import torch
+from flight_profiler.agent.profiler_sessions import start_profiler, stop_profiler
+
+prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
+{start}
+torch.nn.Linear(8, 8)(torch.ones(2, 8)).sum()
+stop_profiler(prof)
+prof.export_chrome_trace(sys.argv[1])
+names = {{e["name"] for e in json.load(open(sys.argv[1]))["traceEvents"]}}
+print(json.dumps({{"inductor": "torch._inductor" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
+                  "addmm": "aten::addmm" in names, "torch": type(sys.modules["torch.profiler.profiler"].torch).__name__}}))
+"""
+
+
+@pytest.mark.parametrize("start,imported", [("start_profiler(prof)", False), ("prof.start()", True)])
+def test_a_session_does_not_make_the_target_import_inductor(tmp_path, start, imported):
+    # torch.profiler's prepare_trace asks hasattr(torch, "_inductor"): a lazy module whose import
+    # pulls torch._dynamo and sympy (~800 modules, +71 MiB) into a job that never compiled
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _INDUCTOR_PROBE.format(start=start), str(tmp_path / "t.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    # our start leaves inductor alone and still records the ops; torch's own start is the control
+    assert got == {"inductor": imported, "dynamo": imported, "addmm": True, "torch": "module"}

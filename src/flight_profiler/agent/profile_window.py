@@ -30,10 +30,10 @@ import time
 from typing import Any
 
 from . import hooks, targets
+from .profiler_sessions import start_profiler, stop_profiler
 from .protocol import ERR_FAILED
 from .registry import CommandError, Context
 from .step_marks import BACKWARD_SPEC, StepMarks, hook_optimizers
-from .torch_support import quiet_native_stderr
 
 # Whole steps of every optimizer the window waits for (3 points of memory or time per step are
 # the least a trend is judged on); past ``soft`` seconds one whole step will do.
@@ -131,8 +131,7 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
     kwargs: dict[str, Any] = {"activities": activities, **options,
                               "experimental_config": config}
     prof = torch.profiler.profile(**kwargs)
-    with quiet_native_stderr():
-        prof.start()
+    start_profiler(prof)  # the with_stack walk of every thread, safely (profiler_sessions.py)
     started = time.monotonic()
     timed_out = cancelled = False
     try:
@@ -161,8 +160,7 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
         ctx.remove_hooks()  # no new mark once the session ends
         if use_cuda:
             torch.cuda.synchronize()
-        with quiet_native_stderr():
-            prof.stop()
+        stop_profiler(prof)
     info: dict[str, Any] = {
         "target": target.description, "calls_requested": calls,
         "calls_recorded": min(marks.finished, marks.entered), "calls_entered": marks.entered,

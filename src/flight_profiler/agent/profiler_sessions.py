@@ -149,6 +149,44 @@ def no_other_python() -> Iterator[None]:
             gc.enable()
 
 
+class _TorchWithoutLazyInductor:
+    """torch, as torch.profiler's module sees it while our session starts, except that
+    ``hasattr(torch, "_inductor")`` does not import inductor when the target never did.
+
+    torch.profiler's ``prepare_trace`` asks ``hasattr(torch, "_inductor")`` to read inductor's
+    cudagraphs setting, and ``_inductor`` is one of torch's lazy modules: the question imports it
+    (torch 2.13 here: torch._dynamo, sympy, about 800 modules, +71 MiB and 3 to 17 s in the
+    target, holding its import lock, for a profile of a job that never compiled anything). A
+    target that never imported inductor compiled nothing with cudagraphs, which is the answer
+    torch wants; everything else is torch itself."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inductor" and "torch._inductor" not in sys.modules:
+            raise AttributeError(name)
+        return getattr(self._torch, name)
+
+
+@contextlib.contextmanager
+def inductor_left_alone(prof: Any) -> Iterator[None]:
+    """While a session of ``prof`` starts, its profiler module's ``torch`` does not import
+    inductor (see _TorchWithoutLazyInductor). Other threads run no Python meanwhile
+    (``no_other_python``), so none sees the stand-in."""
+    module = sys.modules.get(type(prof).__module__)
+    torch = getattr(module, "torch", None)
+    if module is None or torch is None or "torch._inductor" in sys.modules \
+            or getattr(torch, "__name__", None) != "torch":
+        yield
+        return
+    module.torch = _TorchWithoutLazyInductor(torch)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        module.torch = torch  # type: ignore[attr-defined]
+
+
 def start_profiler(prof: Any) -> None:
     """``prof.start()`` without the crash it can cause in a busy process.
 
@@ -161,7 +199,7 @@ def start_profiler(prof: Any) -> None:
     diagnoses here, 1 in 14 in issue 20; the core dump shows the walk holding the finished frames
     of the DataLoader's prefetch thread (bench/stress_ddp_diagnose.py). No collection and no
     switch during the start: the walk sees every thread as it is, as torch expects."""
-    with no_other_python(), quiet_native_stderr():
+    with no_other_python(), quiet_native_stderr(), inductor_left_alone(prof):
         prof.start()
 
 
