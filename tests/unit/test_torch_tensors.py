@@ -218,6 +218,29 @@ def test_torch_missing_is_a_clear_error(monkeypatch, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_torch_still_being_imported_is_a_clear_error_and_status_says_so(monkeypatch, tmp_path):
+    # the agent attached while the target's main thread is inside `import torch`: torch is in
+    # sys.modules and has Tensor, but not yet profiler or cuda (seen: an AttributeError
+    # "partially initialized module 'torch' has no attribute 'profiler'" as an internal error)
+    import importlib.machinery
+    import types
+
+    from flight_profiler.agent.commands import status
+
+    half = types.ModuleType("torch")
+    half.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    half.__spec__._initializing = True  # what importlib sets while the module's code runs
+    half.Tensor = type("Tensor", (), {})
+    monkeypatch.setitem(sys.modules, "torch", half)
+    with pytest.raises(CommandError) as info:
+        run_handler("torch tensors", {"path": str(tmp_path / "x.json")})
+    assert info.value.kind == "torch_missing" and "still importing torch" in str(info.value)
+    assert status._torch_info() == {"imported": False, "importing": True, "version": None,
+                                    "cuda_available": None}
+    half.__spec__._initializing = False  # the import finished
+    assert status._torch_info()["imported"] is True
+
+
 def test_cli_diff_reads_only_census_json(tmp_path):
     from flight_profiler.errors import BadInputFile
     from flight_profiler.requests.torch import load_census

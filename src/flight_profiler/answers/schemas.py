@@ -48,7 +48,7 @@ STATUS = Obj(optional={
     "python": Obj(optional={"version": TEXT, "implementation": TEXT, "executable": TEXT,
                             "argv": ListOf(STR)}),
     "threads": Obj(optional={"total": INT, "agent": INT}),
-    "torch": Obj(optional={"imported": BOOL, "version": TEXT, "cuda_available": BOOL,
+    "torch": Obj(optional={"imported": BOOL, "importing": BOOL, "version": TEXT, "cuda_available": BOOL,
                            "cuda_version": TEXT, "device_count": INT, "cuda_error": TEXT}),
     "active_hooks": ListOf(STR),
     "arm": ARMORY,

@@ -57,6 +57,7 @@ class Run:
     options: DiagnoseOptions
     progress: Progress
     torch_imported: bool | None = None
+    torch_missing: str = "the target has not imported torch"
     cuda: bool | None = None
     method_called: bool | None = None  # None: no method given or not checked yet
     census_before_at: float = 0.0
@@ -115,7 +116,7 @@ class Run:
 
     def require_torch(self) -> None:
         if self.torch_imported is False:
-            raise Skip("the target has not imported torch")
+            raise Skip(self.torch_missing)
 
     def require_method(self) -> None:
         if self.options.target is None:

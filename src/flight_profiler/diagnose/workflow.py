@@ -60,6 +60,8 @@ def phase_status(run: Run, phase: PhaseResult) -> None:
     data = run.command(phase, basic.status())
     torch = data.get("torch") or {}
     run.torch_imported = bool(torch.get("imported"))
+    if torch.get("importing"):
+        run.torch_missing = "the target is still importing torch (diagnose again in a few seconds)"
     run.cuda = bool(torch.get("cuda_available")) if run.torch_imported else False
     phase.data.update({"python": (data.get("python") or {}).get("version"),
                        "torch": torch.get("version"), "torch_imported": run.torch_imported,

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ..registry import Context
+from ..torch_support import still_importing
 
 
 def _torch_info() -> dict[str, Any]:
@@ -16,6 +17,8 @@ def _torch_info() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     if torch is None:
         return {"imported": False, "version": None, "cuda_available": None}
+    if still_importing(torch):  # its `import torch` is running in another thread right now
+        return {"imported": False, "importing": True, "version": None, "cuda_available": None}
     info: dict[str, Any] = {"imported": True, "version": getattr(torch, "__version__", None)}
     try:
         info["cuda_available"] = bool(torch.cuda.is_available())

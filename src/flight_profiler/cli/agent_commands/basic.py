@@ -32,6 +32,8 @@ def render_status(data: dict[str, Any], console: Console) -> None:
         if torch.get("cuda_error"):
             cuda_text += f" ({txt(torch['cuda_error'], 400)})"
         table.add_row("torch", f"{txt(torch.get('version'), 80)}, {cuda_text}")
+    elif torch.get("importing"):
+        table.add_row("torch", "being imported by the target right now (ask again in a few seconds)")
     else:
         table.add_row("torch", "not imported by the target")
     hooks = data.get("active_hooks") or []
