@@ -19,10 +19,12 @@ SRC = REPO / "src"
 PKG = "flight_profiler"
 
 # What the CLI side (everything outside agent/) may import of the agent: the wire format, the
-# bounds on a request, the expression scanner both sides apply. Nothing that touches the
+# bounds on a request, the expression scanner both sides apply, the mending of torch's broken
+# trace exports both sides read. Nothing that touches the
 # target's objects (the agent's atomic writer, value renderers, handlers stay its own).
 # These modules themselves import only each other.
-AGENT_CONTRACT = frozenset(f"{PKG}.agent.{name}" for name in ("protocol", "limits", "expressions"))
+AGENT_CONTRACT = frozenset(f"{PKG}.agent.{name}" for name in ("protocol", "limits", "expressions",
+                                                              "trace_repair"))
 
 
 @dataclass(frozen=True)

@@ -369,3 +369,38 @@ def test_a_session_does_not_make_the_target_import_inductor(tmp_path, start, imp
     got = json.loads(out.stdout.splitlines()[-1])
     # our start leaves inductor alone and still records the ops; torch's own start is the control
     assert got == {"inductor": imported, "dynamo": imported, "addmm": True, "torch": "module"}
+
+
+class _BrokenExport:
+    """A session whose export is torch's layout with one name written unescaped (torch 2.13,
+    with_stack: a frame of torch._dynamo's polyfills named by a lone quote)."""
+
+    def __init__(self, ts: int) -> None:
+        self.ts = ts
+
+    def export_chrome_trace(self, path: str) -> None:
+        Path(path).write_bytes(
+            b'{\n  "schemaVersion": 1,\n  "deviceProperties": [],\n  "traceEvents": [\n'
+            b'  {\n    "ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,\n'
+            b'    "ts": ' + str(self.ts).encode() + b', "dur": 5\n  },\n'
+            b'  {\n    "ph": "X",\n    "cat": "python_function",\n'
+            b'    "name": "torch/_dynamo/polyfills/struct.py(0): "",\n'
+            b'    "pid": 1,\n    "tid": 1,\n    "ts": ' + str(self.ts + 1).encode() + b',\n    "dur": 1\n  }\n'
+            b'],\n  "traceName": "x"\n}\n')
+
+
+@pytest.mark.parametrize("limit,sessions", [(48 << 20, 1), (0, 1), (0, 2)],
+                         ids=["parsed", "copied", "joined"])
+def test_an_export_torch_wrote_as_invalid_json_is_written_valid(tmp_path, monkeypatch, limit, sessions):
+    monkeypatch.setattr(trace_tools, "PARSE_LIMIT_BYTES", limit)
+    notes: list[str] = []
+    path = tmp_path / "t.json"
+    size, parsed = trace_tools.export([_BrokenExport(10 * i) for i in range(sessions)], str(path), "n", notes)
+    trace = json.loads(path.read_text())
+    names = [e["name"] for e in trace["traceEvents"]]
+    assert names.count('torch/_dynamo/polyfills/struct.py(0): "') == sessions
+    assert names.count("aten::mm") == sessions and size == path.stat().st_size
+    assert notes == [f"torch wrote {sessions} event name(s) unescaped into its export (invalid JSON): "
+                     "escaped in the written trace"]
+    assert (parsed is None) == (limit == 0)
+    assert not list(tmp_path.glob(".fp-trace-*"))

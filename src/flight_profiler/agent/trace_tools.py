@@ -21,7 +21,10 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from .protocol import ERR_FAILED
+from .registry import CommandError
 from .torch_support import quiet_native_stderr, write_blocks, write_json
+from .trace_repair import Mender, mend
 
 SORT_KEYS = ("self_cpu", "cpu_total", "self_cuda", "count")
 
@@ -34,7 +37,8 @@ PARSE_LIMIT_BYTES = 48 << 20
 _HEAD_BYTES = 1 << 20
 
 
-def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str, Any] | None]:
+def export(profs: list[Any], path: str, trace_name: str,
+           notes: list[str] | None = None) -> tuple[int, dict[str, Any] | None]:
     """(size written, trace dict) for stopped profiler sessions, merged into one trace; the
     trace dict is None when the exports were too big to parse here (copied and joined as text).
 
@@ -52,24 +56,48 @@ def export(profs: list[Any], path: str, trace_name: str) -> tuple[int, dict[str,
             with quiet_native_stderr():
                 prof.export_chrome_trace(tmp)
             del prof
-        if sum(os.path.getsize(t) for t in tmps) > PARSE_LIMIT_BYTES:
-            copied = (copy_unparsed(tmps[0], path, trace_name) if len(tmps) == 1
-                      else join_unparsed(tmps, path, trace_name))
-            if copied is not None:
-                return copied, None
-        return _parse_and_merge(tmps, path, trace_name)
+        mender = Mender()
+        try:
+            if sum(os.path.getsize(t) for t in tmps) > PARSE_LIMIT_BYTES:
+                copied = (copy_unparsed(tmps[0], path, trace_name, mender) if len(tmps) == 1
+                          else join_unparsed(tmps, path, trace_name, mender))
+                if copied is not None:
+                    return copied, None
+            return _parse_and_merge(tmps, path, trace_name, mender)
+        finally:
+            if mender.mended and notes is not None:
+                notes.append(f"torch wrote {mender.mended} event name(s) unescaped into its "
+                             "export (invalid JSON): escaped in the written trace")
     finally:
         for tmp in tmps:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
 
-def _parse_and_merge(tmps: list[str], path: str, trace_name: str) -> tuple[int, dict[str, Any]]:
+def _load_export(tmp: str, mender: Mender) -> Any:
+    """One session's export, parsed; mended first only if torch wrote it as invalid JSON."""
+    with open(tmp, "rb") as f:
+        data = f.read()
+    try:
+        return json.loads(data)
+    except ValueError:
+        pass
+    data, mended = mend(data)
+    mender.mended += mended
+    try:  # a name that is not UTF-8 reads as U+FFFD, as the report reads it
+        return json.loads(data.decode("utf-8", "replace"))
+    except ValueError as exc:
+        raise CommandError(f"torch's export of this session is not valid JSON ({exc})",
+                           "nothing was written; try again without --with-stack / --record-shapes, "
+                           "and report it to PyTorch with its version", ERR_FAILED) from None
+
+
+def _parse_and_merge(tmps: list[str], path: str, trace_name: str,
+                     mender: Mender) -> tuple[int, dict[str, Any]]:
     merged: dict[str, Any] | None = None
     seen_meta: set[str] = set()
     for tmp in tmps:
-        with open(tmp, "rb") as f:
-            trace = json.load(f)
+        trace = _load_export(tmp, mender)
         if not isinstance(trace, dict):
             trace = {"traceEvents": trace}
         events = []
@@ -103,7 +131,7 @@ def _opening(head: bytes) -> tuple[bytes, int] | None:
     return first, brace + 1
 
 
-def copy_unparsed(src: str, path: str, trace_name: str) -> int | None:
+def copy_unparsed(src: str, path: str, trace_name: str, mender: Mender | None = None) -> int | None:
     """Write the exported trace ``src`` to ``path`` without parsing it, copied in blocks, with
     ``distributedInfo`` spliced in after the opening brace when the export has none, and
     ``traceName`` before the closing one (torch writes its own, and the last key wins). None
@@ -134,7 +162,7 @@ def copy_unparsed(src: str, path: str, trace_name: str) -> int | None:
             body = pending.rstrip()
             yield body[:-1] + last  # body ends with the closing brace (checked above)
 
-        return write_blocks(path, blocks())
+        return write_blocks(path, (mender or Mender()).blocks(blocks()))
 
 
 _EVENTS_OPEN = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -172,7 +200,7 @@ def _copy_range(f: BinaryIO, start: int, end: int) -> Iterator[bytes]:
         yield block
 
 
-def join_unparsed(srcs: list[str], path: str, trace_name: str) -> int | None:
+def join_unparsed(srcs: list[str], path: str, trace_name: str, mender: Mender | None = None) -> int | None:
     """Several sessions' exports joined as text into one trace at ``path``: the first one's
     header and events, the others' events, then our ``traceName``. Metadata events repeated by
     each session stay repeated (unparsed, they cannot be told apart). None when an export is
@@ -205,7 +233,7 @@ def join_unparsed(srcs: list[str], path: str, trace_name: str) -> int | None:
                 wrote = True
             yield b'],"traceName": ' + json.dumps(trace_name).encode() + b"}"
 
-        return write_blocks(path, blocks())
+        return write_blocks(path, (mender or Mender()).blocks(blocks()))
 
 
 def _rank() -> int:

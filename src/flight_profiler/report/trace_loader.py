@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import IO, Any, Callable
 
+from flight_profiler.agent.trace_repair import MendingReader
 from flight_profiler.report.fastjson import Args, Event, NeedStdlib, iter_batches
 from flight_profiler.report.jsonstream import TraceFormatError, iter_trace, open_text_bytes
 from flight_profiler.report.readahead import ReadAhead
@@ -113,6 +114,7 @@ class RawTrace:
     path: str
     meta: dict[str, Any] = field(default_factory=dict)
     events: int = 0
+    mended: int = 0  # lines of a broken export mended on reading (agent/trace_repair.py)
     names: list[str] = field(default_factory=list)
     name_ids: dict[str, int] = field(default_factory=dict)
     # GPU activity (kernels, memcpy, memset, cuda_sync)
@@ -221,8 +223,11 @@ def load_trace(path: str) -> RawTrace:
     raw = RawTrace(path)
     counts: dict[str, int] = {}
     with open_text_bytes(path) as stream:
-        capped = Capped(stream, limit)  # type: ignore[assignment]
-        _consume(raw, _stdlib_batches(iter_trace(capped, raw.meta.__setitem__, counts)))
+        # torch's exporter can write a name unescaped (agent/trace_repair.py): such a line is
+        # mended on the way, as the agent mends the traces it writes
+        mending = MendingReader(Capped(stream, limit))
+        _consume(raw, _stdlib_batches(iter_trace(mending, raw.meta.__setitem__, counts)))  # type: ignore[arg-type]
+    raw.mended = mending.mended
     raw.events += counts.get("skipped", 0)
     raw.meta = clean_meta(raw.meta)
     return raw

@@ -443,6 +443,9 @@ def loader_notes(raw: RawTrace) -> list[str]:
     if raw.threads_left_out:
         notes.append(f"{raw.threads_left_out:,} CPU events of threads past the first "
                      f"{MAX_THREADS:,} were left out")
+    if raw.mended:
+        notes.append(f"{raw.mended:,} line(s) of the file were not valid JSON (a name torch's "
+                     "exporter wrote unescaped) and were read as escaped")
     return notes
 
 

@@ -81,8 +81,9 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
         prof, info = _method(ctx, torch, spec, use_cuda, options,
                              export_dir=os.path.dirname(path) or ".")
     name = ctx.arg("label") or f"flight_profiler pid {os.getpid()} {info.get('target', 'window')}"
+    notes: list[str] = []
     try:
-        size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name))
+        size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name), notes)
     finally:
         del prof
     if trace is None:
@@ -94,6 +95,8 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     else:
         table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
     del trace
+    if notes:
+        info["note"] = "; ".join(([info["note"]] if info.get("note") else []) + notes)
     warned = profiler_warnings()
     if warned:
         earlier = f"{info['note']}; " if info.get("note") else ""
