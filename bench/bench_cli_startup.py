@@ -116,6 +116,8 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}; medians of {opts.runs} runs ({opts.fresh} fresh targets "
           "for `first`), wall s / CPU s" + (f"; before = {opts.before}" if opts.before else ""))
     for name in ("pass", "help", "status", "status-json", "first"):
+        if (name, "after") not in runs:  # --fresh 0: no first command measured
+            continue
         cells = []
         for label in trees:
             got = runs[(name, label)]

@@ -54,11 +54,19 @@ def _found(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
 
 
-def test_help_imports_click_and_nothing_of_the_commands(tmp_path: Path) -> None:
+def test_help_imports_neither_click_nor_anything_of_the_commands(tmp_path: Path) -> None:
     modules = imported(tmp_path, "--help")
-    assert "click" in modules  # the probe saw the CLI run
-    assert _found(modules, (*NEVER, "rich", "flight_profiler.api", "flight_profiler.client",
+    assert "flight_profiler.cli.quick_help" in modules  # the probe saw the CLI run
+    assert _found(modules, (*NEVER, "click", "rich", "flight_profiler.api", "flight_profiler.client",
                             "flight_profiler.requests", "flight_profiler.attach")) == []
+
+
+def test_a_subcommands_help_imports_click_and_nothing_of_the_others(tmp_path: Path) -> None:
+    modules = imported(tmp_path, "ps", "--help")
+    assert "click" in modules and "flight_profiler.cli.ps_cmd" in modules
+    assert _found(modules, (*NEVER, "flight_profiler.api", "flight_profiler.client",
+                            "flight_profiler.requests", "flight_profiler.cli.report_cmd",
+                            "flight_profiler.cli.diagnose_cmd")) == []
 
 
 @pytest.mark.parametrize("cmd,extra,allowed_rich", [

@@ -11,23 +11,7 @@ import importlib
 import click
 
 from flight_profiler import __version__
-from flight_profiler.errors import EXIT_CODE_SUMMARIES
-
-# name -> ("module:attribute" of a click command, imported lazily; its one-line summary).
-# The summary lives here, not in the command's module, so that `--help` imports no subcommand;
-# get_command gives it to the command as its short_help, so there is one text for both.
-_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "attach": ("flight_profiler.cli.attach_cmd:attach",
-               "Attach to PID and run --cmd, or open a shell (same as `flight_profiler PID`)."),
-    "report": ("flight_profiler.cli.report_cmd:report",
-               "Diagnose traces, memory snapshots and tensor censuses."),
-    "diagnose": ("flight_profiler.cli.diagnose_cmd:diagnose",
-                 "Run the whole diagnosis workflow against a live process."),
-    "demo": ("flight_profiler.cli.demo_cmd:demo",
-             "Start a bundled sample workload, diagnose it and show the report."),
-    "ps": ("flight_profiler.cli.ps_cmd:ps",
-           "List Python processes to attach to; torchrun ranks grouped by job."),
-}
+from flight_profiler.cli.commands_table import EPILOG, GROUP_HELP, SUBCOMMANDS
 
 
 class _Group(click.Group):
@@ -39,10 +23,10 @@ class _Group(click.Group):
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(_SUBCOMMANDS)
+        return list(SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        entry = _SUBCOMMANDS.get(cmd_name)
+        entry = SUBCOMMANDS.get(cmd_name)
         if entry is None:
             return None
         target, summary = entry
@@ -59,7 +43,7 @@ class _Group(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Short help from a table, so that `--help` does not import every subcommand.
-        rows = [(name, summary) for name, (_, summary) in _SUBCOMMANDS.items()]
+        rows = [(name, summary) for name, (_, summary) in SUBCOMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -67,22 +51,9 @@ class _Group(click.Group):
 @click.group(
     cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"]},
-    epilog=(
-        "Examples:\n\n"
-        '  flight_profiler 1234 --cmd "stack"\n\n'
-        '  flight_profiler 1234 --cmd "torch memory -s -f snap.pickle"\n\n'
-        "  flight_profiler 1234            (interactive shell; type `help`)\n\n"
-        "  flight_profiler report trace.json.gz snap.pickle\n\n"
-        "  flight_profiler diagnose 1234 train train_step --out diag/\n\n"
-        "Exit codes (docs/exit-codes.md): "
-        + ", ".join(f"{code} {what}" for code, what in EXIT_CODE_SUMMARIES.items()) + "."
-    ),
+    help=GROUP_HELP,
+    epilog=EPILOG,
 )
 @click.version_option(__version__, prog_name="flight_profiler")
 def cli() -> None:
-    """Look inside a running PyTorch job without restarting it.
-
-    flight_profiler PID [--cmd "COMMAND"] attaches a small agent to the live Python process PID
-    and runs COMMAND (stack, watch, trace, torch memory, torch tensors, torch profile, status,
-    detach); without --cmd it opens an interactive shell.
-    """
+    """The command group (its help: cli/commands_table.py, printed by cli/quick_help.py)."""

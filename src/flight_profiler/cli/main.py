@@ -12,10 +12,20 @@ from typing import Any
 
 def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point; turns FlightProfilerError into one line and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
     try:
+        if args in ([], ["--help"], ["-h"], ["--version"]):
+            # without click (half of the start-up): the same text, cli/quick_help.py
+            from flight_profiler.cli import quick_help  # lazy: see the module docstring
+
+            text = quick_help.version() if args == ["--version"] else quick_help.render()
+            if text is not None:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                sys.exit(2 if not args else 0)  # no arguments: click's usage error, with the help
         from flight_profiler.cli.app import cli
         from flight_profiler.cli.output import run_cli
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
-    return run_cli(cli, sys.argv[1:] if argv is None else argv)
+    return run_cli(cli, args)
