@@ -404,3 +404,43 @@ def test_an_export_torch_wrote_as_invalid_json_is_written_valid(tmp_path, monkey
                      "escaped in the written trace"]
     assert (parsed is None) == (limit == 0)
     assert not list(tmp_path.glob(".fp-trace-*"))
+
+
+_IMPORT_RACE = """
+import sys, threading, torch
+from flight_profiler.agent.profiler_sessions import start_profiler, stop_profiler
+
+barrier = threading.Barrier(2)
+errors = []
+
+def user():
+    model = torch.nn.Linear(4, 4)
+    barrier.wait()
+    try:
+        torch.optim.SGD(model.parameters(), lr=0.1)  # torch 2.13: its first use imports torch._dynamo
+    except BaseException as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+
+t = threading.Thread(target=user)
+t.start()
+prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+barrier.wait()
+start_profiler(prof)
+stop_profiler(prof)
+t.join()
+print("ERRORS", errors)
+"""
+
+
+def test_a_session_starting_while_the_job_builds_its_optimizer_does_not_break_it():
+    # torch's own start imports torch._inductor (hasattr(torch, "_inductor")) while the job's
+    # thread imports torch._dynamo for its first optimizer: a circular import between the two
+    # threads raised "ImportError: cannot import name 'IndentedBuffer' from partially initialized
+    # module 'torch._inductor.utils'" INTO THE JOB'S THREAD (6 of 6 fresh processes here)
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", _IMPORT_RACE], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[-1] == "ERRORS []"
