@@ -350,8 +350,12 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
         job.stack_results, files = sample_stacks(targets, out_dir, attach_timeout)
         injected = {r.pid for r in job.stack_results if r.injected}
         stuck = analyze(files, jobs=1) if files else None
+        # Stuck: a critical hang or desync; or every local rank still in one collective waiting
+        # for ranks on other nodes (one node of a job hung elsewhere): the per-rank phases
+        # would only wait for their timeouts there too.
         critical = [f for f in (stuck.findings if stuck else [])
-                    if f.rule in _STUCK_RULES and f.severity == "critical"]
+                    if f.rule in _STUCK_RULES and (f.severity == "critical"
+                                                   or f.metrics.get("absent_ranks"))]
         if critical:
             job.skipped_phases = ("the ranks are stuck in collectives (" + critical[0].title +
                                   "): per-rank phases would only wait for their timeouts")
