@@ -5,8 +5,11 @@ node's ranks, as on two machines. Each launcher has its own session, so one sign
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 from pathlib import Path
+from typing import Any
 
 from torchrun_jobs import DDP_TRAINER, Job
 
@@ -39,4 +42,27 @@ def start_nodes(mode: str, directory: Path, nnodes: int = 2, per_node: int = 2,
             for k in range(nnodes)]
 
 
-__all__ = ["NodeJob", "free_port", "start_nodes"]
+
+
+def diagnose_nodes(cli: list[str], nodes: list[NodeJob], out: Path, duration: str = "1.5",
+                   timeout: float = 400) -> dict[int, tuple[int, dict[str, Any]]]:
+    """``diagnose LAUNCHER --all-ranks --out OUT/nodeK`` on every node at once, as a scheduler
+    runs the per-node step on every machine; per node: (exit status, its JSON document)."""
+    procs = {n.node: subprocess.Popen(
+        [*cli, "diagnose", str(n.launcher), "--all-ranks", "--out", str(out / f"node{n.node}"),
+         "--duration", duration, "--timeout", "20", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in nodes}
+    done: dict[int, tuple[int, dict[str, Any]]] = {}
+    for node, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=timeout)
+        try:
+            done[node] = (proc.returncode, json.loads(stdout or "{}"))
+        except ValueError:
+            raise AssertionError(f"node {node}: {stdout[-2000:]} {stderr[-2000:]}") from None
+    return done
+
+
+def merged_report(cli: list[str], *dirs: Path) -> tuple[int, dict[str, Any], str]:
+    proc = subprocess.run([*cli, "report", "--json", *map(str, dirs)], capture_output=True,
+                          text=True, timeout=300)
+    return proc.returncode, json.loads(proc.stdout or "{}"), proc.stderr
