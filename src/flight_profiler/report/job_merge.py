@@ -26,6 +26,7 @@ from flight_profiler.rank_list import format_ranks
 JOB_FILE = "diagnose_job.json"
 _MAX_JOB_FILE = 16 << 20  # a real one is a few KiB per rank
 _JOB_KEYS = ("run_id", "master", "slurm_job_id")
+MAX_NODES = 4096
 
 
 @dataclass
@@ -155,8 +156,12 @@ def merge_node_dirs(paths: list[str]) -> MergedJob:
     the user's choice); the same directory twice counts once. A directory that cannot be read
     (corrupt, not a node directory) is skipped and listed in ``skipped``: its ranks are reported
     missing; when no directory can be read it is BadInputFile."""
+    if len(paths) > MAX_NODES:
+        raise UsageError(f"{len(paths)} node directories: more than {MAX_NODES}",
+                         "pass the directories of one job, one per node")
     merged = MergedJob([])
     seen: set[str] = set()
+    owner: dict[int, str] = {}  # global rank -> the directory that holds it
     for path in paths:
         real = os.path.realpath(path)
         if real in seen:
@@ -167,16 +172,17 @@ def merge_node_dirs(paths: list[str]) -> MergedJob:
         except NodeDirError as exc:
             merged.skipped.append((path, str(exc)))
             continue
-        for other in merged.nodes:
-            if not _same_job(other.job, node.job):
-                raise UsageError(f"{other.path} and {path} are from two different jobs "
-                                 f"({job_id(other.job)} vs {job_id(node.job)})",
-                                 "pass the node directories of one job")
-            both = sorted(set(other.ranks) & set(node.ranks))
-            if both:
-                raise UsageError(f"rank(s) {format_ranks(both)} are in both {other.path} and {path} "
-                                 "(overlapping node directories)",
-                                 "pass one directory per node, each from one diagnose --all-ranks run")
+        other = next((n for n in merged.nodes if not _same_job(n.job, node.job)), None)
+        if other is not None:
+            raise UsageError(f"{other.path} and {path} are from two different jobs "
+                             f"({job_id(other.job)} vs {job_id(node.job)})",
+                             "pass the node directories of one job")
+        both = sorted(r for r in node.ranks if r in owner)
+        if both:
+            raise UsageError(f"rank(s) {format_ranks(both)} are in both {owner[both[0]]} and {path} "
+                             "(overlapping node directories)",
+                             "pass one directory per node, each from one diagnose --all-ranks run")
+        owner.update(dict.fromkeys(node.ranks, path))
         merged.nodes.append(node)
     if not merged.nodes:
         reasons = "; ".join(f"{p}: {why}" for p, why in merged.skipped[:3])
