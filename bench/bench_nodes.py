@@ -111,6 +111,10 @@ def verdicts(repeat: int, modes: list[str], duration: str) -> None:
             right += ok
             print(f"  {mode:10s} run {run + 1}: {'OK ' if ok else 'BAD'} {wall:6.1f}s "
                   f"own-ranks-only={own} alive={alive} {got}", flush=True)
+            if not ok:  # what the job rules said below warning, to tell a miss from noise
+                for f in doc.get("findings", []):
+                    if f["rule"].startswith("job-"):
+                        print(f"      {f['severity']}: {f['title']}", flush=True)
         print(f"  {mode:10s} {right}/{repeat} right")
 
 
