@@ -27,12 +27,15 @@ class Job:
         self.log = directory / f"{mode}.log"
         with open(self.log, "wb") as out:  # the child keeps its own copy of the descriptor
             self.popen = subprocess.Popen(
-                [python, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-                 "--standalone", str(workload), mode, str(self.ready)],
+                self.command(python, workload, mode),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, **(env or {})})
         self.launcher = self.popen.pid
         self.pids: dict[int, int] = {}
+
+    def command(self, python: str, workload: Path, mode: str) -> list[str]:
+        return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(self.n),
+                "--standalone", str(workload), mode, str(self.ready)]
 
     def log_tail(self, chars: int = 3000) -> str:
         try:

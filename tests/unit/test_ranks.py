@@ -100,3 +100,42 @@ def test_dataloader_workers_inherit_rank_but_are_not_ranks() -> None:
     assert [w.pid for w in job.workers] == [300] and job.workers[0].worker_of == 200
     with pytest.raises(UsageError, match="worker"):
         job_of(300, [rank0, rank1, worker])
+
+
+def _node_rank(pid: int, rank: int, launcher: int, env: dict[str, str]) -> ProcInfo:
+    p = ProcInfo(pid=pid, ppid=launcher, user="u", cmdline=["python", "train.py"],
+                 python="3.11", torch=True, launcher_pid=launcher)
+    return from_environ(p, {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": "4",
+                            "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job1",
+                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400", **env})
+
+
+def test_two_launchers_of_one_job_on_one_machine_are_two_nodes() -> None:
+    # torchrun --nnodes 2 run twice on one machine: same run id and master, two launchers.
+    l0 = ProcInfo(100, 1, "u", LAUNCHER, "3.11", True, launcher=True)
+    l1 = ProcInfo(300, 1, "u", LAUNCHER, "3.11", True, launcher=True)
+    procs = [l0, l1, _node_rank(200, 0, 100, {"GROUP_RANK": "0"}),
+             _node_rank(201, 1, 100, {"GROUP_RANK": "0"}),
+             _node_rank(302, 2, 300, {"GROUP_RANK": "1"}), _node_rank(303, 3, 300, {"GROUP_RANK": "1"})]
+    assert [r.rank for r in job_of(100, procs).ranks] == [0, 1]
+    assert [r.rank for r in job_of(300, procs).ranks] == [2, 3]
+    assert [r.rank for r in job_of(302, procs).ranks] == [2, 3]  # a rank: its launcher's node
+    assert job_of(303, procs).launcher_pid == 300
+
+
+def test_node_rank_from_group_rank_else_slurm_else_derived() -> None:
+    assert _node_rank(1, 3, 9, {"GROUP_RANK": "7"}).node_rank == 7
+    assert _node_rank(1, 3, 9, {"SLURM_NODEID": "5"}).node_rank == 5
+    derived = _node_rank(1, 3, 9, {"SLURM_JOB_ID": "4242"})
+    assert (derived.node_rank, derived.slurm_job_id, derived.local_world_size) == (1, "4242", 2)
+
+
+def test_identity_names_the_job_and_the_node() -> None:
+    from flight_profiler.attach.ranks import identity
+
+    ident = identity([_node_rank(302, 2, 300, {"GROUP_RANK": "1", "SLURM_JOB_ID": "77"}),
+                      _node_rank(303, 3, 300, {"GROUP_RANK": "1", "SLURM_JOB_ID": "77"})])
+    assert {k: ident[k] for k in ("run_id", "master", "slurm_job_id", "world_size", "node_rank")} \
+        == {"run_id": "job1", "master": "127.0.0.1:29400", "slurm_job_id": "77", "world_size": 4,
+            "node_rank": 1}
+    assert ident["hostname"]

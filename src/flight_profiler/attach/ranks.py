@@ -22,11 +22,11 @@ from flight_profiler.attach.process import python_version_from
 from flight_profiler.errors import ProcessNotFound, UsageError
 from flight_profiler.rank_list import format_ranks, parse_ranks
 
-__all__ = ["Job", "ProcInfo", "format_ranks", "group_jobs", "job_of", "parse_ranks", "scan",
-           "select_ranks"]
+__all__ = ["Job", "ProcInfo", "format_ranks", "group_jobs", "identity", "job_of", "one_node",
+           "parse_ranks", "scan", "select_ranks"]
 
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-              "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+              "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_NODEID")
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _PYTHON_NAME = re.compile(r"python", re.IGNORECASE)
 
@@ -49,6 +49,11 @@ class ProcInfo:
     launcher: bool = False  # a torchrun / elastic agent process
     launcher_pid: int | None = None  # the rank's torchrun parent, if any
     worker_of: int | None = None  # a DataLoader / multiprocessing child of this rank's pid
+    # Which node of the job the rank runs on: GROUP_RANK (torchrun), else SLURM_NODEID, else
+    # derived from RANK and LOCAL_WORLD_SIZE (torchrun numbers ranks node by node).
+    node_rank: int | None = None
+    local_world_size: int | None = None
+    slurm_job_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +91,30 @@ def from_environ(info: ProcInfo, env: dict[str, str]) -> ProcInfo:
     info.run_id = env.get("TORCHELASTIC_RUN_ID")
     if env.get("MASTER_ADDR") or env.get("MASTER_PORT"):
         info.master = f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    info.local_world_size = _int(env.get("LOCAL_WORLD_SIZE"))
+    info.slurm_job_id = env.get("SLURM_JOB_ID") or None
+    info.node_rank = _int(env.get("GROUP_RANK"))
+    if info.node_rank is None:
+        info.node_rank = _int(env.get("SLURM_NODEID"))
+    if (info.node_rank is None and info.rank is not None and info.local_world_size
+            and info.local_world_size > 0):
+        info.node_rank = info.rank // info.local_world_size
     return info
+
+
+def identity(ranks: list[ProcInfo]) -> dict[str, Any]:
+    """The job these ranks belong to, as written into diagnose_job.json and the stack files:
+    what lets per-node outputs merge without guessing (report/job_merge.py). The hostname is
+    this machine's, shown to the reader and never used to tell ranks apart (two simulated
+    nodes on one machine share it)."""
+    import socket
+
+    first = ranks[0] if ranks else None
+    nodes = sorted({r.node_rank for r in ranks if r.node_rank is not None})
+    return {"run_id": first.run_id if first else None, "master": first.master if first else None,
+            "slurm_job_id": first.slurm_job_id if first else None,
+            "world_size": first.world_size if first else None,
+            "node_rank": nodes[0] if len(nodes) == 1 else None, "hostname": socket.gethostname()}
 
 
 def is_launcher(cmdline: list[str]) -> bool:
@@ -142,11 +170,30 @@ def group_jobs(procs: list[ProcInfo]) -> list[Job]:
     return sorted(jobs.values(), key=lambda j: (j.launcher_pid or 0, j.key))
 
 
+def one_node(job: Job, launcher_pid: int | None) -> Job:
+    """The part of ``job`` one launcher started: on one machine, two torchrun launchers of the
+    same job (two simulated nodes, ``--nnodes 2``) share the job key, and a node is one
+    launcher's children. Ranks without a launcher (srun, mpirun) stay together."""
+    if launcher_pid is None:
+        return job
+    ranks = [r for r in job.ranks if r.launcher_pid == launcher_pid]
+    keep = {r.pid for r in ranks}
+    workers = [w for w in job.workers if w.worker_of in keep]
+    return Job(job.key, launcher_pid, job.world_size, ranks, workers)
+
+
 def job_of(pid: int, procs: list[ProcInfo]) -> Job:
-    """The job that ``pid`` belongs to: ``pid`` is a rank, or the launcher of the ranks."""
+    """The ranks of ``pid``'s job on its node: ``pid`` is a rank, or the launcher of the ranks
+    (only that launcher's ranks: another launcher of the same job is another node)."""
     jobs = group_jobs(procs)
     for job in jobs:
-        if job.launcher_pid == pid or any(r.pid == pid for r in job.ranks):
+        if any(p.launcher and p.pid == pid for p in procs) and any(
+                r.launcher_pid == pid for r in job.ranks):
+            return one_node(job, pid)
+        rank = next((r for r in job.ranks if r.pid == pid), None)
+        if rank is not None:
+            return one_node(job, rank.launcher_pid)
+        if job.launcher_pid == pid:
             return job
         if any(w.pid == pid for w in job.workers):
             raise UsageError(f"process {pid} is a DataLoader / multiprocessing worker of a rank, "

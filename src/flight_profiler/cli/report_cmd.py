@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
 from flight_profiler.errors import BadInputFile, FindingsThreshold, cannot_write
+from flight_profiler.rank_list import format_ranks
 from flight_profiler.report.models import SEVERITIES, SEVERITY_RANK
 from flight_profiler.safe_text import safe_text
 
@@ -63,7 +65,7 @@ def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json:
     if diff:
         _diff(files, fmt, output)
         return
-    result = analyze(list(files))
+    result = _analyze(list(files), analyze)
     if not result.readable and len(result.errors) == 1:
         # One unreadable input: its reason is the error itself, said once.
         (bad,) = result.errors
@@ -90,6 +92,24 @@ def report(files: tuple[str, ...], fmt: str | None, output: str | None, as_json:
         n = sum(1 for f in result.findings if SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on])
         raise FindingsThreshold(f"{n} finding(s) at or above {fail_on} (--fail-on {fail_on})",
                                 "See the report above; fix them or raise --fail-on.")
+
+
+def _analyze(files: list[str], analyze: Any) -> Any:
+    """One node's directory or files: the report of them. Several nodes' directories of one job
+    (``report DIR1 DIR2``, or ``report PARENT`` with a directory per node): the merged job
+    report (report/job_merge.py)."""
+    from flight_profiler.report.job_merge import merge_node_dirs, merged_report, node_dirs
+
+    dirs = node_dirs(files)
+    if dirs is None:
+        return analyze(files)
+    merged = merge_node_dirs(dirs)
+    for path, why in merged.skipped:
+        click.echo(f"warning: {_printable(path)}: {safe_text(why)}: skipped", err=True)
+    if merged.missing:
+        click.echo(f"note: rank(s) {format_ranks(merged.missing)} of {merged.world_size} are in no "
+                   "node directory (dead, or their node's directory was not passed)", err=True)
+    return merged_report(merged)
 
 
 def _diff(files: tuple[str, ...], fmt: str | None, output: str | None) -> None:

@@ -76,9 +76,17 @@ class JobDiagnosis:
         return any(r.ok for r in self.stack_results) or any(r.ok for r in self.rank_results)
 
     def to_dict(self) -> dict[str, Any]:
+        from flight_profiler.attach.ranks import identity
+
         ranks: dict[str, Any] = {}
+        job = identity(self.targets)
+        for t in self.targets:  # who each rank is: what lets per-node directories merge
+            if t.rank is not None:
+                ranks[str(t.rank)] = {"pid": t.pid, "rank": t.rank, "local_rank": t.local_rank,
+                                      "node_rank": t.node_rank, "hostname": job["hostname"],
+                                      "world_size": t.world_size}
         for r in self.stack_results:
-            ranks[str(r.rank)] = {"pid": r.pid, "stacks_ok": r.ok, "error": r.error}
+            ranks.setdefault(str(r.rank), {"pid": r.pid}).update(stacks_ok=r.ok, error=r.error)
         for r in self.rank_results:
             entry = ranks.setdefault(str(r.rank), {"pid": r.pid})
             entry["diagnose_ok"] = r.ok
@@ -89,7 +97,7 @@ class JobDiagnosis:
             else:
                 entry["error"] = r.error
         return {"format": "flight_profiler.diagnose_job", "version": 1, "out_dir": self.out_dir,
-                "seconds": round(self.seconds, 3), "ranks": ranks,
+                "job": job, "seconds": round(self.seconds, 3), "ranks": ranks,
                 "per_rank_phases_skipped": self.skipped_phases or None,
                 "missing": self.gaps(),
                 "outputs": self.outputs,
@@ -159,13 +167,17 @@ def sample_stacks(targets: list[ProcInfo], out_dir: str, timeout: float,
     results = run_on_ranks(targets, work, timeout)
     directory = os.path.join(out_dir, STACKS_DIR)
     os.makedirs(directory, exist_ok=True)
+    from flight_profiler.attach.ranks import identity
+
     world = {t.pid: t.world_size for t in targets}
+    node = identity(targets)
     files = []
     for r in results:
         if not r.ok or r.result is None:
             continue
         doc = stacks_document(r.rank, r.pid, world.get(r.pid), r.result["samples"],
-                              r.result.get("flight_recorder"))
+                              r.result.get("flight_recorder"),
+                              {"node_rank": node["node_rank"], "hostname": node["hostname"]})
         path = os.path.join(directory, f"stacks_rank{r.rank}.json")
         write_text_atomic(path, json.dumps(doc))
         files.append(path)
@@ -338,8 +350,12 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
         job.stack_results, files = sample_stacks(targets, out_dir, attach_timeout)
         injected = {r.pid for r in job.stack_results if r.injected}
         stuck = analyze(files, jobs=1) if files else None
+        # Stuck: a critical hang or desync; or every local rank still in one collective waiting
+        # for ranks on other nodes (one node of a job hung elsewhere): the per-rank phases
+        # would only wait for their timeouts there too.
         critical = [f for f in (stuck.findings if stuck else [])
-                    if f.rule in _STUCK_RULES and f.severity == "critical"]
+                    if f.rule in _STUCK_RULES and (f.severity == "critical"
+                                                   or f.metrics.get("absent_ranks"))]
         if critical:
             job.skipped_phases = ("the ranks are stuck in collectives (" + critical[0].title +
                                   "): per-rank phases would only wait for their timeouts")

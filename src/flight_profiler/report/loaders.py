@@ -180,9 +180,10 @@ def _load(path: str) -> InputResult:
         return InputResult(path, "unknown", False,
                            "not a Chrome trace, memory snapshot pickle or tensor census "
                            f"(starts with {head[:16]!r})")
-    if b'"flight_profiler.diagnose"' in head or (b'"schema_version"' in head and b'"tool"' in head
+    if b'"flight_profiler.diagnose"' in head or b'"flight_profiler.diagnose_job"' in head or (b'"schema_version"' in head and b'"tool"' in head
                                                 and b'"flight_profiler"' in head):
-        # diagnose.json, report.json: what diagnose and report write, beside their inputs.
+        # diagnose.json, diagnose_job.json, report.json: what diagnose and report write, beside
+        # their inputs.
         return InputResult(path, OWN_OUTPUT, False, "written by flight_profiler diagnose/report, "
                            "not an input: pass the traces, snapshots and censuses beside it")
     if b'"flight_profiler.census"' in head:

@@ -136,6 +136,9 @@ class Report:
     findings: list[Finding]
     series: list[dict[str, Any]] = field(default_factory=list)
     created: float = field(default_factory=time.time)
+    # A report merged from several nodes' directories: the job, its nodes and the ranks in no
+    # directory (report/job_merge.py); None otherwise.
+    job: dict[str, Any] | None = None
 
     @property
     def readable(self) -> list[InputResult]:
@@ -167,6 +170,7 @@ class Report:
             "inputs": [i.to_dict() for i in self.inputs],
             "findings": [f.to_dict() for f in self.findings],
             "series": self.series,
+            **({"job": self.job} if self.job is not None else {}),
         }
 
     def to_json(self, indent: int | None = 2) -> str:

@@ -204,10 +204,14 @@ class StacksFormatError(ValueError):
 
 def stacks_document(rank: int | None, pid: int, world_size: int | None,
                     samples: list[dict[str, Any]],
-                    flight_recorder: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One rank's stack samples (``stack`` results, oldest first, each with its ``time``)."""
+                    flight_recorder: dict[str, Any] | None = None,
+                    node: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One rank's stack samples (``stack`` results, oldest first, each with its ``time``);
+    ``node``: ``{"node_rank", "hostname"}`` of the node it ran on (its ``time`` and Flight
+    Recorder times are that node's wall clock)."""
     return {"format": FORMAT, "version": VERSION, "rank": rank, "pid": pid,
-            "world_size": world_size, "samples": samples, "flight_recorder": flight_recorder}
+            "world_size": world_size, "samples": samples, "flight_recorder": flight_recorder,
+            "node": node}
 
 
 def parse_stacks(text: str) -> dict[str, Any]:
@@ -244,7 +248,17 @@ def parse_stacks(text: str) -> dict[str, Any]:
         _check_flight_recorder(fr)
     return {"kind": "stacks", "rank": obj.get("rank"), "pid": obj.get("pid"),
             "world_size": obj.get("world_size"), "samples": samples,
-            "flight_recorder": fr if isinstance(fr, dict) else None}
+            "flight_recorder": fr if isinstance(fr, dict) else None,
+            "node": _node(obj.get("node"))}
+
+
+def _node(node: Any) -> dict[str, Any] | None:
+    """The node a stack file was taken on; None when absent (older files) or malformed."""
+    if not isinstance(node, dict):
+        return None
+    n, host = node.get("node_rank"), node.get("hostname")
+    return {"node_rank": n if type(n) is int and 0 <= n < 1 << 20 else None,
+            "hostname": host[:255] if isinstance(host, str) and host.isprintable() else None}
 
 
 def _int(v: Any) -> bool:

@@ -13,6 +13,7 @@ MODE plants one problem on the last rank (the "odd" one); the others are healthy
                 6 batches; with FP_HANG_FILE=PATH in the environment: once PATH exists)
   skip          it skips the barrier the others enter before saving a checkpoint
 
+FP_ODD_RANK=N in the environment plants it on rank N instead of the last.
 Each rank writes READY_DIR/rank<N> (its pid) after its third step, and prints READY.
 TORCH_FR_BUFFER_SIZE in the environment turns on Flight Recorder, as for any torch job.
 """
@@ -118,7 +119,8 @@ def main() -> None:
     ready_dir = sys.argv[2] if len(sys.argv) > 2 else None
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    odd = rank == world - 1
+    # The odd rank: the last, or FP_ODD_RANK (a straggler on node 0 of a 2-node job).
+    odd = rank == int(os.environ.get("FP_ODD_RANK", world - 1))
     torch.manual_seed(0)
     model = DDP(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -102,3 +102,12 @@ def test_backward_is_its_own_place_ddp_waits_there() -> None:
               {"file": f"{_TORCH}/autograd/graph.py", "line": 979, "function": "_engine_run_backward"}]
     p = position(frames)
     assert (p.kind, p.where, p.function) == ("backward", "ddp_trainer.py:102", "train_step")
+
+
+def test_a_stack_file_keeps_the_node_it_was_taken_on() -> None:
+    from flight_profiler.report.rank_stacks import stacks_document
+
+    doc = stacks_document(3, 42, 4, [], None, {"node_rank": 1, "hostname": "gpu-07"})
+    assert parse_stacks(json.dumps(doc))["node"] == {"node_rank": 1, "hostname": "gpu-07"}
+    doc["node"] = {"node_rank": "1; rm -rf", "hostname": "a\nb"}  # malformed: dropped, not trusted
+    assert parse_stacks(json.dumps(doc))["node"] == {"node_rank": None, "hostname": None}

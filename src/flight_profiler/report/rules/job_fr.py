@@ -5,8 +5,8 @@
   the collective the others are in);
 - who disagrees: another call (op, input sizes) under the same sequence id (a desync);
 - who comes last: for each collective recorded on several ranks, the rank that enqueued it
-  last, and by how much (``time_created_ns``, the ranks' wall clocks: comparable on one node,
-  within the clock skew across nodes). In a synchronous job the others wait that long in it:
+  last, and by how much (``time_created_ns``, the ranks' wall clocks: comparable on one node
+  only, so with stack files from several nodes they are compared within each node). In a synchronous job the others wait that long in it:
   the rank that is last in most collectives is the one the others wait for. This holds for
   collectives without a Python frame too (DDP's gradient all-reduce, enqueued from its autograd
   hooks when a bucket is ready).
@@ -35,6 +35,7 @@ class FlightRecorder:
     evidence: list[str] = field(default_factory=list)
     # per rank: {"last": n collectives it enqueued last, "of": n compared, "lag_us": median lag}
     lags: dict[int, dict[str, float]] = field(default_factory=dict)
+    per_node: bool = False  # the ranks span nodes: lags compared within each node only
 
     def latest(self) -> int | None:
         """The rank that enqueued most collectives last, if it did so in most of them."""
@@ -55,7 +56,10 @@ def read(stacks: dict[int, InputResult]) -> FlightRecorder:
     last: dict[int, dict[str, int]] = {}
     calls: dict[int, dict[tuple[str, int], str]] = {}
     created: dict[tuple[str, int], dict[int, int]] = {}
+    node: dict[int, int | None] = {}
     for r, inp in sorted(stacks.items()):
+        where = inp.data.get("node")
+        node[r] = where.get("node_rank") if isinstance(where, dict) else None
         fr = inp.data.get("flight_recorder")
         if not isinstance(fr, dict):
             continue
@@ -79,7 +83,17 @@ def read(stacks: dict[int, InputResult]) -> FlightRecorder:
     if len(last) < 2:
         return out
     _order(out, last, calls)
-    _lags(out, created)
+    nodes = {node.get(r) for r in out.present}
+    if len(nodes) < 2:
+        _lags(out, created)
+        return out
+    # Enqueue times are each node's wall clock: compared between ranks of one node only,
+    # never across nodes (their clocks' skew would decide who is "last").
+    for n in sorted(nodes, key=lambda x: (x is None, x or 0)):
+        part = FlightRecorder(present=[r for r in out.present if node.get(r) == n])
+        _lags(part, {k: {r: t for r, t in v.items() if node.get(r) == n} for k, v in created.items()})
+        out.lags.update(part.lags)
+    out.per_node = True
     return out
 
 
@@ -137,9 +151,14 @@ def lag_lines(fr: FlightRecorder) -> list[str]:
 
     if not fr.lags:
         return []
-    return [f"Flight Recorder: rank {r} enqueued {int(v['last'])} of the last {int(v['of'])} "
-            f"collectives last (median {fmt_us(v['lag_us'])} after the first rank)"
-            for r, v in sorted(fr.lags.items())][:16]
+    lines = [f"Flight Recorder: rank {r} enqueued {int(v['last'])} of the last {int(v['of'])} "
+             f"collectives last (median {fmt_us(v['lag_us'])} after the first rank"
+             f"{' of its node' if fr.per_node else ''})"
+             for r, v in sorted(fr.lags.items())][:16]
+    if fr.per_node:
+        lines.append("Flight Recorder enqueue times are each node's wall clock: compared within "
+                     "each node only, never across nodes")
+    return lines
 
 
 def status_line(fr: FlightRecorder, ranks: list[int]) -> str | None:

@@ -269,8 +269,9 @@ def _all_waiting(ranks: dict[int, StackRank], waiting: list[StackRank], common: 
             summary=f"Ranks {format_ranks(sorted(ranks))} wait in {op} at {where} in every sample. "
                     f"The rank(s) they wait for are among {format_ranks(absent)}.",
             evidence=common, where=[where],
-            fix=["Run `flight_profiler PID --all-ranks` on the other nodes into the same directory "
-                 "and `flight_profiler report DIR` on all of it: the odd rank is named then."],
+            fix=["Run `flight_profiler diagnose PID --all-ranks --out DIR/nodeK` on every node and "
+                 "`flight_profiler report DIR` (one directory per node): the odd rank and its node "
+                 "are named then."],
             root_cause="A collective waits for every rank of its group; the late ones are not on "
                        "this node.",
             inputs=inputs, ranks=absent,
