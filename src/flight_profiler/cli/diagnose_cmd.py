@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from flight_profiler.cli.params import FiniteFloatRange
-from flight_profiler.errors import ExitCode, FlightProfilerError, UsageError
+from flight_profiler.errors import ExitCode, FlightProfilerError
 from flight_profiler.report.models import SEVERITIES
 
 if TYPE_CHECKING:
