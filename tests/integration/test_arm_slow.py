@@ -279,7 +279,7 @@ def test_diagnose_all_ranks_arm_arms_every_rank_and_disarm_leaves_none(tmp_path:
         for rank, pid in pids.items():  # both agents stayed, both ranks armed and stepping
             status = cli_json(pid, "status")
             assert sorted(t["kind"] for t in status["arm"]["armed"]) == ["hang", "nan"], (rank, status)
-        for rank, pid in pids.items():
+        for pid in pids.values():
             assert cli_json(pid, "disarm")["still_armed"]["armed"] == []
             assert cli_json(pid, "status")["arm"]["armed"] == []
         assert not job.dead_ranks()
