@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from flight_profiler.agent.registry import AgentState  # noqa: E402
 from flight_profiler.agent.triggers.armory import Armory  # noqa: E402
+from flight_profiler.agent.triggers.base import Trigger  # noqa: E402
 from flight_profiler.agent.triggers.evidence import EvidenceDir  # noqa: E402
 from flight_profiler.agent.triggers.hang import HangTrigger  # noqa: E402
 from flight_profiler.agent.triggers.nan import NanTrigger  # noqa: E402
@@ -158,6 +159,74 @@ def fixed_cost(out: str, calls: int = 20000, rounds: int = 9) -> dict[str, Any]:
             "hooks_us_per_step": round(1e6 * (a - p), 2)}
 
 
+class _ClockOnly(Trigger):
+    """Nothing but the step clock's hooks: what every step trigger shares."""
+
+    kind = "clock"
+    needs_clock = True
+
+
+PART_SETS: dict[str, tuple[str, ...]] = {
+    "clock": ("clock",), "hang": ("hang",), "nan": ("nan",), "oom": ("oom",), "all": KINDS}
+
+
+def arm_part(out: str, kinds: tuple[str, ...]) -> tuple[Armory, NanTrigger | None]:
+    if kinds != ("clock",):
+        return arm_all(out, kinds)
+    armory = Armory()
+    armory.arm(_ClockOnly(EvidenceDir(out, 1 << 30), 1, {}), AgentState(), None)
+    return armory, None
+
+
+def _trimmed_mean(values: list[float], cut: float = 0.2) -> float:
+    ordered = sorted(values)
+    k = int(len(ordered) * cut)
+    kept = ordered[k:len(ordered) - k] or ordered
+    return sum(kept) / len(kept)
+
+
+def parts(kind: str, pairs: int, block_s: float, out: str) -> list[dict[str, Any]]:
+    """Each part armed alone, in short plain/armed block pairs interleaved across the parts
+    (part A's pair, part B's pair, ..., again), so that a change of load on the shared machine
+    falls on every part alike. Per pair: plain CPU per step / armed CPU per step (whole
+    process: the watcher counts); the figure is the trimmed mean of the pairs' costs (20 % cut
+    each side) with the pooled cost (all armed CPU over all plain CPU) beside it."""
+    step = loop(kind)
+    for _ in range(50):
+        step()
+    min_steps = 20
+    costs: dict[str, list[float]] = {name: [] for name in PART_SETS}
+    pooled: dict[str, list[float]] = {name: [0.0, 0.0] for name in PART_SETS}
+    every: dict[str, list[int]] = {name: [] for name in PART_SETS}
+    least: dict[str, list[float]] = {name: [float("inf"), float("inf")] for name in PART_SETS}
+    for r in range(pairs):
+        for name, kinds in PART_SETS.items():
+            plain_first = r % 2 == 0
+            if plain_first:
+                plain = run_block(step, block_s, min_steps)[0]
+            armory, nan = arm_part(out, kinds)
+            for _ in range(3):  # the NaN check's first (cold) runs and its pacing settle
+                step()
+            armed = run_block(step, block_s, min_steps)[0]
+            if nan is not None:
+                every[name].append(nan.every)
+            armory.disarm()
+            if not plain_first:
+                plain = run_block(step, block_s, min_steps)[0]
+            costs[name].append(1 - plain / armed)
+            pooled[name][0] += plain
+            pooled[name][1] += armed
+            least[name] = [min(least[name][0], plain), min(least[name][1], armed)]
+    return [{"loop": kind, "part": name, "pairs": pairs,
+             "cost_pct_trimmed_mean": round(100 * _trimmed_mean(costs[name]), 3),
+             "cost_pct_median": round(100 * statistics.median(costs[name]), 3),
+             "cost_pct_pooled": round(100 * (1 - pooled[name][0] / pooled[name][1]), 3),
+             # the least disturbed block of each side: load on a shared machine only adds
+             "cost_pct_least": round(100 * (1 - least[name][0] / least[name][1]), 3),
+             "nan_every_median": statistics.median(every[name]) if every[name] else None}
+            for name in PART_SETS]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
@@ -166,7 +235,25 @@ def main() -> None:
     parser.add_argument("--each", action="store_true",
                         help="also each trigger armed alone (where the cost is)")
     parser.add_argument("--loops", default="small,big", help="small,big (default both)")
+    parser.add_argument("--parts", type=int, default=0, metavar="PAIRS",
+                        help="instead: each part (clock hooks, hang, nan, oom, all) alone, PAIRS "
+                             "short interleaved plain/armed block pairs each")
+    parser.add_argument("--block", type=float, default=0.15, help="--parts: seconds per block")
     args = parser.parse_args()
+    if args.parts:
+        torch.set_num_threads(1)
+        with tempfile.TemporaryDirectory(prefix="fp-bench-arm-") as tmp:
+            rows = [row for kind in args.loops.split(",")
+                    for row in parts(kind, args.parts, args.block, tmp)]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for row in rows:
+                print(f"{row['loop']:>5} loop, {row['part']:>5}: cost {row['cost_pct_trimmed_mean']} % "
+                      f"(trimmed mean of {row['pairs']} pairs; median {row['cost_pct_median']} %, "
+                      f"pooled {row['cost_pct_pooled']} %, least disturbed blocks {row['cost_pct_least']} %)"
+                      + (f"; NaN check one step in {row['nan_every_median']}" if row["nan_every_median"] else ""))
+        return
     sets = [(k,) for k in KINDS] + [KINDS] if args.each else [KINDS]
     torch.set_num_threads(1)  # one core each: the machine is shared; ratios stay comparable
     with tempfile.TemporaryDirectory(prefix="fp-bench-arm-") as tmp:

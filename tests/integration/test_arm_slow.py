@@ -255,3 +255,33 @@ def test_all_ranks_arm_each_rank_catches_its_own_hang(tmp_path: Path) -> None:
         assert not job.dead_ranks()  # caught, not killed
     finally:
         job.stop()
+
+
+def test_diagnose_all_ranks_arm_arms_every_rank_and_disarm_leaves_none(tmp_path: Path) -> None:
+    # `diagnose --all-ranks --arm`: the job pass, then the same triggers in every rank, whose
+    # agents stay (detach would disarm); evidence under OUT/armed. The old code refused it.
+    job = DdpJob(DDP_TRAINER, "healthy", 2, tmp_path)
+    out = temp_dir("fp-diag-ranks-arm-") / "diag"
+    try:
+        pids = job.wait_ready()
+        proc = subprocess.run([*CLI, "diagnose", str(job.launcher), "--all-ranks", "--duration", "2",
+                               "--out", str(out), "--json", "--arm", "hang 600,nan"],
+                              capture_output=True, text=True, timeout=280, env=ENV)
+        doc = json.loads(proc.stdout.splitlines()[-1])
+        assert proc.returncode == doc["exit_code"], proc.stderr[-2000:]
+        assert doc["exit_code"] in (0, 9), proc.stderr[-2000:]  # armed: nothing failed
+        armed = {r["rank"]: r for r in doc["armed"]}
+        assert sorted(armed) == [0, 1], doc["armed"]
+        for rank, r in armed.items():
+            assert r["ok"] and r["pid"] == pids[rank], r
+            assert [(a["kind"], a["armed"]) for a in r["result"]["armed"]] == [("hang", True), ("nan", True)]
+            assert all(a["out"] == str(out / "armed") for a in r["result"]["armed"])
+        for rank, pid in pids.items():  # both agents stayed, both ranks armed and stepping
+            status = cli_json(pid, "status")
+            assert sorted(t["kind"] for t in status["arm"]["armed"]) == ["hang", "nan"], (rank, status)
+        for pid in pids.values():
+            assert cli_json(pid, "disarm")["still_armed"]["armed"] == []
+            assert cli_json(pid, "status")["arm"]["armed"] == []
+        assert not job.dead_ranks()
+    finally:
+        job.stop()

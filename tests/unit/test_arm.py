@@ -216,6 +216,41 @@ def test_nan_trigger_names_the_step_and_the_parameter(tmp_path: Path) -> None:
     assert not o._global_optimizer_post_hooks and not o._global_optimizer_pre_hooks
 
 
+def test_armed_steps_pay_one_post_hook_and_only_listeners_with_work(tmp_path: Path) -> None:
+    # Every optimizer.step() of the job pays for what arm installs (issue 21: idle cost under
+    # 1 %): one global post-step hook (no pre-step hook: no trigger needs the step's start),
+    # and it calls only the triggers that do something per step (hang reads the step count from
+    # its watcher; nan checks). The old clock installed a pre-hook too and called every trigger.
+    torch = pytest.importorskip("torch")
+    import torch.optim.optimizer as o
+
+    from flight_profiler.agent.triggers.nan import NanTrigger
+
+    armory, state = Armory(), AgentState()
+    hang = HangTrigger(evidence.EvidenceDir(str(tmp_path / "ev"), 64 << 20), 1, {}, seconds=600.0)
+    nan = NanTrigger(evidence.EvidenceDir(str(tmp_path / "ev"), 64 << 20), 1, {})
+    calls: list[str] = []
+    hang.on_post_step = lambda *a: calls.append("hang")  # type: ignore[method-assign]
+    pre_before, post_before = len(o._global_optimizer_pre_hooks), len(o._global_optimizer_post_hooks)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    armory.arm(hang, state, None)
+    armory.arm(nan, state, None)
+    try:
+        assert len(o._global_optimizer_pre_hooks) == pre_before
+        assert len(o._global_optimizer_post_hooks) == post_before + 1
+        assert armory.clock is not None and armory.clock.post_listeners == (nan,)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        assert calls == [] and armory.clock.steps == 3 and nan.checks >= 1
+        assert armory.clock.thread == threading.get_ident()
+        assert abs(armory.clock.last_step_wall - time.time()) < 60  # type: ignore[operator]
+    finally:
+        armory.disarm()
+    assert len(o._global_optimizer_post_hooks) == post_before
+
+
 # -- report ------------------------------------------------------------------------------------
 def test_report_names_the_hang_line_and_ignores_the_stack_file(tmp_path: Path) -> None:
     event = tmp_path / "20260101-000000-hang-pid7-rank1-1"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from flight_profiler.cli.params import FiniteFloatRange
-from flight_profiler.errors import ExitCode, FlightProfilerError, UsageError
+from flight_profiler.errors import ExitCode, FlightProfilerError
 from flight_profiler.report.models import SEVERITIES
 
 if TYPE_CHECKING:
@@ -79,14 +79,11 @@ def diagnose(pid: int, target: tuple[str, ...], out_dir: str | None, calls: int,
     from flight_profiler.diagnose.workflow import run_diagnosis
 
     method = MethodTarget.parse(target) if target else None
-    if arm_spec is not None and (all_ranks or ranks_spec is not None):
-        raise UsageError("--arm goes with one pid, not --all-ranks",
-                         'arm every rank with: flight_profiler PID --all-ranks --cmd "arm ..."')
     if all_ranks or ranks_spec is not None:
         from flight_profiler.cli.diagnose_job_cmd import diagnose_all_ranks
 
         diagnose_all_ranks(pid, ranks_spec, method, out_dir, calls, duration, timeout,
-                           max(ATTACH_TIMEOUT_MIN, timeout), fail_on, as_json)
+                           max(ATTACH_TIMEOUT_MIN, timeout), fail_on, as_json, arm_spec)
         return
     options = DiagnoseOptions(pid=pid, target=method, out_dir=out_dir or default_out_dir(pid),
                               calls=calls, duration=duration, timeout=timeout)

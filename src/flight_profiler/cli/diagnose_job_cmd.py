@@ -18,14 +18,17 @@ if TYPE_CHECKING:
 
 def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | None,
                        out_dir: str | None, calls: int, duration: float, timeout: float,
-                       attach_timeout: float, fail_on: str | None, as_json: bool) -> None:
+                       attach_timeout: float, fail_on: str | None, as_json: bool,
+                       arm_spec: str | None = None) -> None:
     from flight_profiler.cli.ranks_cmd import job_targets
     from flight_profiler.diagnose import default_out_dir
     from flight_profiler.diagnose.all_ranks import diagnose_job, exit_code, nothing_collected
+    from flight_profiler.diagnose.arming import parse_arm_list, rank_armed
     from flight_profiler.diagnose.outputs import prepare_out_dir
 
-    targets = job_targets(pid, ranks_spec)
     out = out_dir or default_out_dir(pid, "flight_profiler-job")
+    arming = parse_arm_list(arm_spec, out) if arm_spec is not None else None  # before any rank
+    targets = job_targets(pid, ranks_spec)
     prepare_out_dir(out, targets[0].pid if targets else pid)
     if not as_json:
         sys.stderr.write(f"diagnosing {len(targets)} rank(s) of the job of pid {pid} into {out}\n")
@@ -34,9 +37,12 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
             sys.stderr.write(f"[diagnose] {safe_text(text)}\n")
             sys.stderr.flush()
 
-    job = diagnose_job(targets, out, method, calls, duration, timeout, attach_timeout, say)
+    job = diagnose_job(targets, out, method, calls, duration, timeout, attach_timeout, say, arming)
     failed_alike = nothing_collected(job)
     code = failed_alike if failed_alike is not None else exit_code(job, fail_on)
+    unarmed = [r for r in job.armed or [] if not rank_armed(r)]
+    if arming and (unarmed or job.armed is None) and code == ExitCode.OK:
+        code = ExitCode.COMMAND_FAILED  # a trigger asked for is not armed: nobody is watching
     if as_json:
         doc = job.to_dict()
         doc["exit_code"] = code
@@ -48,7 +54,11 @@ def diagnose_all_ranks(pid: int, ranks_spec: str | None, method: MethodTarget | 
         render(job, Console())
     if code:
         # The JSON document or the rendering above already said it: the error only ends the run.
-        err = _ending(code, fail_on, job, failed_alike is not None)
+        err = _ending(code, fail_on, job, failed_alike is not None) if code != ExitCode.COMMAND_FAILED \
+            or not arming else FlightProfilerError(
+                f"--arm: {len(unarmed) or len(targets)} rank(s) not fully armed: exit {code}", "",
+                reported=True)
+        err.exit_code = code
         if not as_json:
             from rich.console import Console
 
@@ -108,4 +118,12 @@ def render(job: JobDiagnosis, console: Console) -> None:
             console.print(f"  at {txt(w)}", highlight=False)
     for fmt, path in job.outputs.items():
         console.print(f"{fmt}: {txt(path)}", highlight=False)
+    for r in job.armed or []:
+        if r.ok and r.result is not None:
+            for a in r.result["armed"]:
+                state = "armed" if a["armed"] else f"[red]not armed[/red] ({txt(str(a['error']))})"
+                console.print(f"rank {r.rank} (pid {r.pid}): {state}: {txt(a['line'])}", highlight=False)
+        else:
+            console.print(f"[red]rank {r.rank} (pid {r.pid}): not armed: "
+                          f"{txt(str((r.error or {}).get('message')))}[/red]", highlight=False)
     console.print(f"done in {job.seconds:.1f} s", highlight=False)

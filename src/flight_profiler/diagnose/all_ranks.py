@@ -47,6 +47,7 @@ class JobDiagnosis:
     report: Report | None = None
     outputs: dict[str, str] = field(default_factory=dict)
     skipped_phases: str = ""  # why the per-rank workflow did not run
+    armed: list[RankResult] | None = None  # --arm: each rank's triggers (diagnose/arming.py)
     seconds: float = 0.0
 
     def gaps(self) -> list[dict[str, Any]]:
@@ -101,6 +102,7 @@ class JobDiagnosis:
                 "per_rank_phases_skipped": self.skipped_phases or None,
                 "missing": self.gaps(),
                 "outputs": self.outputs,
+                "armed": None if self.armed is None else [r.to_dict() for r in self.armed],
                 "findings": [f.to_dict() for f in self.report.findings] if self.report else []}
 
 
@@ -334,7 +336,8 @@ def _quiet(_: str) -> None:
 
 def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | None, calls: int,
                  duration: float, timeout: float, attach_timeout: float,
-                 say: Callable[[str], None] = _quiet) -> JobDiagnosis:
+                 say: Callable[[str], None] = _quiet,
+                 arming: list[Any] | None = None) -> JobDiagnosis:
     from flight_profiler.diagnose.evidence import merge_rank_loader
     from flight_profiler.rank_list import format_ranks
     from flight_profiler.render.formats import write_report
@@ -384,6 +387,12 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
                 path = os.path.join(out_dir, name)
                 write_report(job.report, path, fmt)
                 job.outputs[fmt] = path
+        if arming:
+            from flight_profiler.diagnose.arming import arm_ranks, rank_keeps_agent
+
+            say(f"arming {len(arming)} trigger(s) on ranks {names}")
+            job.armed = arm_ranks(targets, arming, attach_timeout)
+            injected -= {r.pid for r in job.armed if rank_keeps_agent(r)}  # detach would disarm
     finally:
         _detach_injected(targets, injected, attach_timeout)
         job.seconds = time.monotonic() - started

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 from flight_profiler.errors import FlightProfilerError, UsageError
 
 if TYPE_CHECKING:
+    from flight_profiler.api import Session
+    from flight_profiler.attach.multirank import RankResult
+    from flight_profiler.attach.ranks import ProcInfo
     from flight_profiler.diagnose.driver import Driver
     from flight_profiler.requests import AgentRequest
 
@@ -58,3 +61,28 @@ def arm_all(driver: Driver, requests: list[AgentRequest]) -> list[dict[str, Any]
             doc["error"] = exc.message
         outcomes.append(doc)
     return outcomes
+
+
+def arm_ranks(targets: list[ProcInfo], requests: list[AgentRequest],
+              timeout: float) -> list[RankResult]:
+    """``diagnose --all-ranks --arm``: the same triggers on every rank, attached in parallel
+    (each rank's evidence goes into the one directory, named ``...-rankR-N``). A rank's result
+    is its outcomes as :func:`arm_all` gives them; a rank that cannot be reached is a failed
+    result (its triggers are not armed)."""
+    from flight_profiler.attach.multirank import run_on_ranks
+    from flight_profiler.diagnose.driver import SessionDriver
+
+    def work(session: Session) -> dict[str, Any]:
+        return {"armed": arm_all(SessionDriver(session, connect_timeout=timeout), requests)}
+
+    return run_on_ranks(targets, work, timeout)
+
+
+def rank_armed(result: RankResult) -> bool:
+    """Every trigger asked for is armed in this rank."""
+    return result.ok and result.result is not None and all(a["armed"] for a in result.result["armed"])
+
+
+def rank_keeps_agent(result: RankResult) -> bool:
+    """Some trigger is armed in this rank: its agent must stay (detach would disarm)."""
+    return result.ok and result.result is not None and any(a["armed"] for a in result.result["armed"])

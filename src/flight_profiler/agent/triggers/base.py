@@ -46,9 +46,6 @@ class Trigger:
         """Called by the watcher thread about once a second."""
 
     # -- step listener (the training thread) -----------------------------------------------
-    def on_pre_step(self, clock: StepClock, optimizer: Any) -> None:
-        pass
-
     def on_post_step(self, clock: StepClock, optimizer: Any, is_step: bool) -> None:
         pass
 

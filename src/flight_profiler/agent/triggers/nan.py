@@ -5,8 +5,8 @@ Runs in the training thread, in torch's global optimizer post-step hook (step_cl
 stacked norms and one ``.item()``. That is a read of every gradient once per checked step; on a
 loop of small ops it would be a few percent, so the check paces itself: it times its own cost
 and checks one step in ``every``, with ``every`` chosen so that the checks take at most
-:data:`BUDGET` of the training thread's CPU time per step (0.3 %; with the step hooks, ~7 us a step, the
-whole armed cost stays under 1 % of a 1 ms step). A non-finite gradient turns the parameters non-finite
+:data:`BUDGET` of the training thread's CPU time per step (0.2 %: with the step hook and the
+watcher, the whole armed cost stays under ~1 % of a 0.6 ms step; docs/arm.md has the parts). A non-finite gradient turns the parameters non-finite
 at that very step, and they stay so: a later check still sees it, and the event says which step
 was the last one checked clean ("clean_at_step"), so the NaN appeared in between.
 
@@ -27,7 +27,7 @@ from . import capture
 from .base import Trigger
 from .evidence import Event, EvidenceDir
 
-BUDGET = 0.003
+BUDGET = 0.002
 _MAX_EVERY = 1000
 _MAX_NAMED = 20
 

@@ -1,8 +1,9 @@
-"""The step, without the user naming a method: torch's global optimizer step hooks.
+"""The step, without the user naming a method: torch's global optimizer step post-hook.
 
-``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``..._post_hook`` (public, torch
->= 2.0) run around every ``optimizer.step()`` of every optimizer, in the thread that steps: a
-step boundary and the training thread's identity for one Python call per step. With several
+``torch.optim.optimizer.register_optimizer_step_post_hook`` (public, torch >= 2.0) runs after
+every ``optimizer.step()`` of every optimizer, in the thread that steps: a step boundary and the
+training thread's identity for one Python call per step. No pre-step hook: no trigger needs the
+step's start, and each hook is a Python call on every step of the job (bench/bench_arm.py). With several
 optimizers (a GAN's two), the first one seen defines the step. A method the user names
 (``--step module [class] method``) defines it instead when given; its exceptions are seen too.
 
@@ -12,8 +13,7 @@ the training thread is inside that loop (in any hook's Python code) makes its ne
 raise RuntimeError inside the job's ``optimizer.step()``. So a table is changed only when no
 thread is inside an optimizer's step wrapper, or by the training thread itself where it is
 provably safe: a hook may delete itself when it is the LAST entry of the table being iterated
-(the C OrderedDict iterator has already moved past the end; checked on CPython 3.6-3.13), and the
-pre-hook may delete the post-hook (that table is not being iterated yet). What cannot be removed
+(the C OrderedDict iterator has already moved past the end; checked on CPython 3.6-3.13). What cannot be removed
 at once (a job that never leaves ``step``) is retried by the watcher; meanwhile the hooks do
 nothing. ``state()`` says which.
 """
@@ -34,8 +34,6 @@ _REGISTER_WAIT_S = 2.0
 
 
 class Listener(Protocol):
-    def on_pre_step(self, clock: StepClock, optimizer: Any) -> None: ...
-
     def on_post_step(self, clock: StepClock, optimizer: Any, is_step: bool) -> None: ...
 
     def on_step_error(self, clock: StepClock, exc: BaseException) -> None: ...
@@ -71,23 +69,29 @@ def thread_in_step(skip: int | None = None) -> bool:
         frame = None
 
 
+def _overrides(listener: Any, name: str) -> bool:
+    """Whether ``listener`` has its own ``name``, not the Trigger base's no-op."""
+    method = getattr(type(listener), name, None)
+    return method is not None and getattr(method, "__qualname__", "") != f"Trigger.{name}"
+
+
 class StepClock:
     """Step count, step period and the stepping thread, for the triggers that listen."""
 
     def __init__(self, step_spec: dict[str, Any] | None = None) -> None:
         self.lock = threading.Lock()
         self.listeners: tuple[Listener, ...] = ()
+        self.post_listeners: tuple[Listener, ...] = ()
         self.steps = 0
         self.last_end: float | None = None  # perf_counter at the end of the last step
         self.last_period: float | None = None
-        self.last_step_wall: float | None = None
         self.thread: int | None = None  # ident of the thread that steps
         self.thread_native: int | None = None
         self.clock_optimizer: int | None = None
         self.optimizers: set[int] = set()
         self.step_spec = step_spec
         self.step_target: str | None = None
-        self._pre_key: int | None = None
+        self._pre_key: int | None = None  # none is installed now; kept for _pop's symmetry
         self._post_key: int | None = None
         self._method_removal: Any = None
         self.closing = False
@@ -103,9 +107,8 @@ class StepClock:
             self.step_target = target.description
             notes.append(f"step = each return of {target.description}")
         module = _optimizer_module()
-        pre = getattr(module, "register_optimizer_step_pre_hook", None)
         post = getattr(module, "register_optimizer_step_post_hook", None)
-        if pre is None or post is None:
+        if post is None:
             notes.append("this torch has no global optimizer step hooks: gradients are not checked"
                          + ("" if self.step_spec else " and there is no step; name one with --step"))
             return notes
@@ -116,7 +119,6 @@ class StepClock:
                 raise RuntimeError("a thread stayed inside optimizer.step() for "
                                    f"{_REGISTER_WAIT_S:g} s: its hook tables cannot be changed safely now")
             time.sleep(0.005)
-        self._pre_key = pre(self._on_pre).id
         self._post_key = post(self._on_post).id
         if self.step_spec is None:
             notes.append("step = each optimizer.step() (torch's global optimizer step hooks)")
@@ -124,35 +126,33 @@ class StepClock:
 
     def add(self, listener: Listener) -> None:
         with self.lock:
-            self.listeners = (*self.listeners, listener)
+            self._set((*self.listeners, listener))
 
     def discard(self, listener: Listener) -> None:
         with self.lock:
-            self.listeners = tuple(x for x in self.listeners if x is not listener)
+            self._set(tuple(x for x in self.listeners if x is not listener))
+
+    def _set(self, listeners: tuple[Listener, ...]) -> None:
+        self.listeners = listeners
+        # each optimizer.step() calls only the listeners with something to do there (hang
+        # reads the step count from the watcher: it has none)
+        self.post_listeners = tuple(x for x in listeners if _overrides(x, "on_post_step"))
 
     # -- the hooks (the training thread) ---------------------------------------------------
-    def _on_pre(self, optimizer: Any, args: Any, kwargs: Mapping[str, Any]) -> None:
-        if self.closing:
-            self._remove_from_hook(pre=True)
-            return
-        for listener in self.listeners:
-            try:
-                listener.on_pre_step(self, optimizer)
-            except Exception:
-                self._failed(listener)
-
     def _on_post(self, optimizer: Any, args: Any, kwargs: Mapping[str, Any]) -> None:
         if self.closing:
-            self._remove_from_hook(pre=False)
+            self._remove_from_hook()
             return
         key = id(optimizer)
-        self.optimizers.add(key)
-        if self.clock_optimizer is None and self.step_spec is None:
-            self.clock_optimizer = key
         is_step = key == self.clock_optimizer
+        if not is_step:  # the clock's own optimizer is known already: nothing to add per step
+            self.optimizers.add(key)
+            if self.clock_optimizer is None and self.step_spec is None:
+                self.clock_optimizer = key
+                is_step = True
         if is_step:
             self._tick()
-        for listener in self.listeners:
+        for listener in self.post_listeners:
             try:
                 listener.on_post_step(self, optimizer, is_step)
             except Exception:
@@ -171,15 +171,24 @@ class StepClock:
                 self._failed(listener)
 
     def _tick(self) -> None:
+        # Every optimizer.step() of the job pays for this: one clock read and one C call for
+        # the thread; the wall time and the native id are derived when asked (bench_arm.py).
         now = time.perf_counter()
         if self.last_end is not None:
             self.last_period = now - self.last_end
         self.last_end = now
-        self.last_step_wall = time.time()
         self.steps += 1
-        current = threading.current_thread()
-        self.thread = current.ident
-        self.thread_native = getattr(current, "native_id", None)
+        ident = threading.get_ident()
+        if ident != self.thread:
+            self.thread = ident
+            self.thread_native = getattr(threading.current_thread(), "native_id", None)
+
+    @property
+    def last_step_wall(self) -> float | None:
+        """time.time() at the end of the last step (from its perf_counter reading)."""
+        if self.last_end is None:
+            return None
+        return time.time() - (time.perf_counter() - self.last_end)
 
     def _failed(self, listener: Any) -> None:
         self.errors += 1
@@ -191,7 +200,7 @@ class StepClock:
         """Stop listening; remove every hook now if that is safe. True when all are gone."""
         self.closing = True
         with self.lock:
-            self.listeners = ()
+            self._set(())
         self.remove_method_hook()
         return self.try_remove()
 
@@ -213,15 +222,12 @@ class StepClock:
     def removed(self) -> bool:
         return self._pre_key is None and self._post_key is None and self._method_removal is None
 
-    def _remove_from_hook(self, pre: bool) -> None:
-        """In the training thread, inside torch's loop over one table (see the module doc)."""
+    def _remove_from_hook(self) -> None:
+        """In the training thread, inside torch's loop over the post table (see the module doc)."""
         if thread_in_step(skip=threading.get_ident()):
             return  # another thread steps too: leave it to the watcher
-        # The other table is not being iterated by this thread: the pre table's loop has not
-        # started the post table yet, and the post table's runs after the pre table's ended.
-        self._pop(pre=not pre)
-        if self._is_last(pre):
-            self._pop(pre)
+        if self._is_last(pre=False):
+            self._pop(pre=False)
 
     def _table(self, pre: bool) -> Any:
         module = _optimizer_module()
