@@ -204,6 +204,12 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
     assert driver.lines == expected
     # every command has a backstop deadline beyond the limit it was given itself
     assert all(t is not None and t > options.timeout for t in driver.timeouts)
+    # the profile's also covers torch's export inside the target (EXPORT_S): a loaded box's
+    # with_stack window exported past the old backstop and the phase lost its trace
+    from flight_profiler.diagnose.workflow import EXPORT_S
+
+    profile_timeout = driver.timeouts[driver.lines.index(expected[5])]
+    assert profile_timeout is not None and profile_timeout >= options.timeout + EXPORT_S
 
 
 def test_each_phase_records_the_line_that_re_runs_it(options: DiagnoseOptions) -> None:

@@ -53,6 +53,11 @@ WINDOW_SAMPLE_S = 3.0
 PROFILE_CALLS = 5
 # Calls recorded and traced when one call of the method is costly (Run.calls_for).
 HEAVY_CALLS = 3
+# The profile's answer comes after torch exports the trace inside the target: a 5 s with_stack
+# window of a GAN's loop on a loaded 2-core box took longer than the window's own timeout plus
+# the backstop (the phase was cancelled and its trace lost, 1 run in 2 at load 15). The CLI's
+# own `torch profile` allows 300 s for this; diagnose, bounded, allows this much.
+EXPORT_S = 60.0
 
 
 # -- phases -----------------------------------------------------------------------------------
@@ -171,7 +176,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         request = torch_requests.profile(run.words(), calls=calls, window=True,
                                          duration=o.duration, file=path, profile_memory=True,
                                          with_stack=True, timeout=o.timeout)
-        result = run.command(phase, request, expect_calls=calls)
+        result = run.command(phase, request, timeout=o.timeout + EXPORT_S, expect_calls=calls)
         if result.get("mode") == "around":
             steps = ", ".join(f"optimizer {k}: {n} steps"
                               for k, n in (result.get("optimizer_steps") or {}).items())
@@ -188,7 +193,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
         request = torch_requests.profile(duration=o.duration, file=path, profile_memory=True,
                                          with_stack=True)
-        run.command(phase, request, timeout=o.duration + o.timeout)
+        run.command(phase, request, timeout=o.duration + o.timeout + EXPORT_S)
         why = "no method given" if o.target is None else f"{o.target.label} was not called"
         phase.data["mode"] = f"{o.duration:g}s window ({why})"
     expect_file(phase, path)
