@@ -104,7 +104,11 @@ def job_nodes(jobid: str, timeout: float = 30.0) -> list[str]:
     if done.returncode != 0 or not nodes:
         raise FlightProfilerError(f"scontrol could not expand the node list {nodelist!r}: "
                                   f"{done.stderr.strip()[:200]}", "check `scontrol show job JOBID`")
-    return [safe_node_name(n) for n in nodes]
+    try:
+        return [safe_node_name(n) for n in nodes]
+    except ArchiveError as exc:  # the name becomes a directory: nothing path-like passes
+        raise FlightProfilerError(f"scontrol expanded {nodelist!r} to a bad name: {exc}",
+                                  "report it to the cluster's admins") from None
 
 
 def srun_argv(srun: str, jobid: str, node: str, remote: list[str], out_dir: str | None,
