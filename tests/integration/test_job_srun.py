@@ -5,6 +5,7 @@ allocation), then `flight_profiler job srun JOBID -- diagnose --all-ranks` from 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import slurm_cluster
+
+from flight_profiler.agent import protocol
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.slurm]
 
@@ -28,7 +30,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_cluster.
 
 @pytest.fixture(scope="module")
 def ddp_job(cluster: slurm_cluster.Cluster, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[str]:
+            ) -> Iterator[tuple[str, dict[int, int]]]:
     work = tmp_path_factory.mktemp("ddpjob")
     ready = work / "ready"
     ready.mkdir()
@@ -50,7 +52,7 @@ def ddp_job(cluster: slurm_cluster.Cluster, tmp_path_factory: pytest.TempPathFac
             assert state in ("PENDING", "RUNNING", "CONFIGURING"), (state, _out(work))
             assert time.monotonic() < deadline, _out(work)
             time.sleep(1)
-        yield jobid
+        yield jobid, {int(p.name[4:]): int(p.read_text().strip() or 0) for p in ready.iterdir()}
     finally:
         cluster.run("scancel", jobid)
 
@@ -71,9 +73,11 @@ def _nodes(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_job_srun_streams_every_node_back_into_one_report(
-        cluster: slurm_cluster.Cluster, ddp_job: str, tmp_path: Path) -> None:
+        cluster: slurm_cluster.Cluster, ddp_job: tuple[str, dict[int, int]], tmp_path: Path
+) -> None:
+    jobid, pids = ddp_job
     out = tmp_path / "diag"
-    done = _job(cluster, "srun", ddp_job, "--out", str(out), "--json", "--timeout", "300",
+    done = _job(cluster, "srun", jobid, "--out", str(out), "--json", "--timeout", "300",
                 "--", "diagnose", "--all-ranks", "--duration", "2", "--timeout", "20")
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
@@ -88,13 +92,16 @@ def test_job_srun_streams_every_node_back_into_one_report(
     report = json.loads((out / "report.json").read_text())
     ranks = {i.get("rank") for i in report["inputs"] if i["ok"]}
     assert {0, 1} <= ranks, ranks
+    assert_alive_and_clean(pids)
 
 
 def test_job_srun_shared_dir_and_a_failing_node_is_named(
-        cluster: slurm_cluster.Cluster, ddp_job: str, tmp_path: Path) -> None:
+        cluster: slurm_cluster.Cluster, ddp_job: tuple[str, dict[int, int]], tmp_path: Path
+) -> None:
+    jobid, pids = ddp_job
     out = tmp_path / "diag"
     # --ranks 1: n1 holds no selected rank, its step fails; n2's result is kept
-    done = _job(cluster, "srun", ddp_job, "--out", str(out), "--shared", "--json",
+    done = _job(cluster, "srun", jobid, "--out", str(out), "--shared", "--json",
                 "--timeout", "300", "--", "diagnose", "--all-ranks", "--ranks", "1",
                 "--duration", "1", "--timeout", "20")
     assert done.returncode == 12, done.stdout + done.stderr
@@ -106,6 +113,38 @@ def test_job_srun_shared_dir_and_a_failing_node_is_named(
     report = json.loads((out / "report.json").read_text())
     said = [i["error"] for i in report["inputs"] if not i["ok"] and i["kind"] == "node"]
     assert len(said) == 1 and "node n1 missing from the job report" in said[0]
+    assert_alive_and_clean(pids)
+
+
+def test_job_srun_timeout_stops_every_node_and_leaves_the_ranks_clean(
+        cluster: slurm_cluster.Cluster, ddp_job: tuple[str, dict[int, int]], tmp_path: Path
+) -> None:
+    jobid, pids = ddp_job
+    out = tmp_path / "diag"
+    start = time.monotonic()
+    # a whole diagnosis takes ~40 s here: --timeout 12 stops both nodes in the middle of it
+    done = _job(cluster, "srun", jobid, "--out", str(out), "--json", "--timeout", "12", "--",
+                "diagnose", "--all-ranks", "--duration", "5", "--timeout", "20")
+    took = time.monotonic() - start
+    assert done.returncode == 12, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["missing_nodes"] == ["n1", "n2"]
+    assert all("did not finish within --timeout" in n["error"] for n in doc["nodes"]), doc
+    assert took < 12 + 45, took  # the nodes' diagnose detach within the grace, then srun ends
+    steps = cluster.run("squeue", "-h", "-s", "-j", jobid, "-o", "%i").stdout.split()
+    # the batch step and the job's own srun (step 0) only: every step of ours has ended
+    assert set(steps) <= {f"{jobid}.batch", f"{jobid}.extern", f"{jobid}.0"}, steps
+    assert_alive_and_clean(pids)
+
+
+def assert_alive_and_clean(pids: dict[int, int]) -> None:
+    assert len(pids) == 2, pids
+    for rank, pid in pids.items():
+        assert os.path.exists(f"/proc/{pid}"), f"rank {rank} died"
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert "TracerPid:\t0" in status, f"rank {rank} is still traced"
+        assert not os.path.exists(protocol.socket_path(pid, os.geteuid(), "/")), \
+            f"an agent is still attached to rank {rank}"
 
 
 def test_job_srun_refuses_a_job_that_is_not_running(

@@ -130,7 +130,7 @@ def test_bad_jobid_and_hostile_node_names(tmp_path: Path, monkeypatch: pytest.Mo
     _fake_tool(tmp_path, "squeue", "echo 'RUNNING|x'\n")
     _fake_tool(tmp_path, "scontrol", "echo n1; echo ../etc\n")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    with pytest.raises(FlightProfilerError, match="'../etc' is not a host name"):
+    with pytest.raises(FlightProfilerError, match=r"'\.\./etc' is not a host name"):
         srun_mod.job_nodes("5")
 
 

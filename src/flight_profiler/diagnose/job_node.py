@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 
 from flight_profiler.attach.ranks import Job, ProcInfo, format_ranks, group_jobs, scan
 from flight_profiler.errors import ProcessNotFound, UsageError
+
+DETACH_GRACE = 25.0  # seconds diagnose has to detach once stopped
 
 
 @dataclass
@@ -86,13 +89,43 @@ def diagnose_argv(pid: int, ranks: list[int], out_dir: str, diagnose_args: list[
 
 def run_diagnose(argv: list[str], log_path: str | None) -> int:
     """Run diagnose; its stdout (the report text) goes to ``log_path`` when stdout carries the
-    archive, its progress to stderr as always (srun passes it through)."""
-    if log_path is None:
-        return subprocess.call(argv, stdin=subprocess.DEVNULL)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
-    with os.fdopen(fd, "wb") as log:
-        return subprocess.call(argv, stdin=subprocess.DEVNULL, stdout=log)
+    archive, its progress to stderr as always (srun passes it through).
+
+    Stopped (srun forwards the user's Ctrl-C, or ``job srun`` reached --timeout), diagnose gets
+    a SIGINT and time to detach its agents from the ranks: subprocess.call would SIGKILL it."""
+    log = None
+    if log_path is not None:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+        log = os.fdopen(fd, "wb")
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            # A SIGINT came to every process of the step, diagnose included (a second one could
+            # cut its detaching short); a SIGTERM came to this process: pass it on as a SIGINT.
+            if _terminated:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
+            try:
+                return proc.wait(DETACH_GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if log is not None:
+            log.close()
+
+
+_terminated: list[int] = []
+
+
+def _interrupt(sig: int, _frame: object) -> None:
+    _terminated.append(sig)
+    raise KeyboardInterrupt
 
 
 def node_name() -> str:

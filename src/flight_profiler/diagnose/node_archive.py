@@ -164,7 +164,7 @@ def unpack(data: bytes, dest: str) -> list[str]:
     made: list[str] = []
     regular: set[str] = set()
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")  # noqa: SIM115 (closed below)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ArchiveError(f"not a tar.gz archive: {exc}") from None
     try:

@@ -120,26 +120,65 @@ def srun_argv(srun: str, jobid: str, node: str, remote: list[str], out_dir: str 
             "--job-pid", job_pid, *where, "--", *diagnose_args]
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    # srun forwards SIGINT/SIGTERM to the step's tasks (its own process group is ours to end)
-    for sig, wait in ((signal.SIGINT, 5.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _stop(proc: subprocess.Popen[str], grace: float = 30.0) -> None:
+    """End one node's srun the way a user's Ctrl-C would, so that diagnose detaches its agents.
+
+    Two SIGINTs within a second make srun send SIGINT to the step's tasks (one only prints their
+    state); the node's diagnose then detaches and ends (``grace``), srun follows. SIGTERM, then
+    SIGKILL, only if it did not (slurmstepd ends a step whose srun is gone)."""
+    for sig, wait in ((signal.SIGINT, 0.3), (signal.SIGINT, grace), (signal.SIGTERM, 5.0),
+                      (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, sig)  # its own session: srun, never us
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(wait)
 
 
+class _Steps:
+    """The sruns running now, so that a Ctrl-C or an error stops every one of them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.procs: set[subprocess.Popen[str]] = set()
+        self.cancelled = False
+
+    def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str] | None:
+        with self.lock:
+            if self.cancelled:
+                return None
+            proc: subprocess.Popen[str] = subprocess.Popen(argv, **kwargs)
+            self.procs.add(proc)
+            return proc
+
+    def done(self, proc: subprocess.Popen[str]) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def stop_all(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            procs = list(self.procs)
+        stoppers = [threading.Thread(target=_stop, args=(p,)) for p in procs]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
+
+
 def run_node(argv: list[str], node: str, out_dir: str, stream: bool, deadline: float,
-             progress: Callable[[str], None]) -> NodeResult:
+             progress: Callable[[str], None], steps: _Steps | None = None) -> NodeResult:
     """Run one node's srun until it ends or ``deadline``; collect its output."""
     start = time.monotonic()
+    steps = steps or _Steps()
     log = os.path.join(out_dir, f".{node}.srun.log")
     with open(log, "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE if stream else subprocess.DEVNULL,
-                                stderr=err, stdin=subprocess.DEVNULL, text=stream,
-                                start_new_session=True)
+        proc = steps.start(argv, stdout=subprocess.PIPE if stream else subprocess.DEVNULL,
+                           stderr=err, stdin=subprocess.DEVNULL, text=True,
+                           start_new_session=True)
+        if proc is None:
+            return NodeResult(node, False, None, 0.0, "not started: the job command was stopped")
         timer = threading.Timer(max(0.0, deadline - time.monotonic()), _stop, (proc,))
         timer.start()
         try:
@@ -156,6 +195,7 @@ def run_node(argv: list[str], node: str, out_dir: str, stream: bool, deadline: f
             code = proc.wait()
         finally:
             timer.cancel()
+            steps.done(proc)
     seconds = time.monotonic() - start
     timed_out = time.monotonic() >= deadline
     node_dir = os.path.join(out_dir, node)
@@ -212,13 +252,21 @@ def run_job(jobid: str, out_dir: str, diagnose_args: list[str], *, shared: bool,
     say(f"job {jobid}: {len(nodes)} node(s): {', '.join(nodes)}")
     run = JobRun(jobid, os.path.abspath(out_dir))
 
+    steps = _Steps()
+
     def one(node: str) -> NodeResult:
         argv = srun_argv(srun, jobid, node, remote, out_dir if shared else None,
                          diagnose_args, job_pid)
-        return run_node(argv, node, out_dir, not shared, deadline, say)
+        return run_node(argv, node, out_dir, not shared, deadline, say, steps)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(fanout, len(nodes)))) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, min(fanout, len(nodes))))
+    try:
         run.nodes = list(pool.map(one, nodes))
+    except BaseException:  # Ctrl-C: no srun, and no diagnose on a node, outlives the command
+        steps.stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True)
     return run
 
 
