@@ -121,7 +121,22 @@ def start(root: Path) -> Iterator[Cluster]:
         _wait(lambda: _idle(cluster), 60, "the two slurmd nodes did not become idle", root)
         yield cluster
     finally:
+        _drain(cluster)
         _stop(procs)
+
+
+def _drain(cluster: Cluster) -> None:
+    """Cancel this cluster's jobs (SLURM_CONF is ours: no other cluster's) and wait for them to
+    end: slurmstepd outlives a stopped slurmd, and so would the job's processes."""
+    try:
+        cluster.run("scancel", "--full", "--user", str(os.geteuid()), timeout=20)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not cluster.run("squeue", "-h", "-o", "%i", timeout=10).stdout.strip():
+                return
+            time.sleep(0.5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _idle(cluster: Cluster) -> bool:

@@ -45,6 +45,7 @@ def ddp_job(cluster: slurm_cluster.Cluster, tmp_path_factory: pytest.TempPathFac
                        "-o", str(work / "job-%j.out"), str(script))
     assert done.returncode == 0, done.stderr
     jobid = done.stdout.strip().split(";")[0]
+    pids: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 120
         while len(list(ready.iterdir())) < 2:
@@ -52,9 +53,17 @@ def ddp_job(cluster: slurm_cluster.Cluster, tmp_path_factory: pytest.TempPathFac
             assert state in ("PENDING", "RUNNING", "CONFIGURING"), (state, _out(work))
             assert time.monotonic() < deadline, _out(work)
             time.sleep(1)
-        yield jobid, {int(p.name[4:]): int(p.read_text().strip() or 0) for p in ready.iterdir()}
+        pids = {int(p.name[4:]): int(p.read_text().strip() or 0) for p in ready.iterdir()}
+        yield jobid, pids
     finally:
-        cluster.run("scancel", jobid)
+        cluster.run("scancel", "--full", jobid)
+        _wait_gone(list(pids.values()))
+
+
+def _wait_gone(pids: list[int], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def _out(work: Path) -> str:

@@ -217,7 +217,8 @@ def run_node(argv: list[str], node: str, out_dir: str, stream: bool, deadline: f
             os.unlink(log)
     else:
         parts = [_why(code, log)] if code != 0 else []
-        parts += [problem] if problem else []
+        if problem and (code == 0 or received is not None or "no archive" not in problem):
+            parts.append(problem)  # "sent no archive" after its own error line says nothing
         result.error = "; ".join(parts) or (f"its diagnose exited {result.exit_code} "
                                             f"with {result.files} file(s)")
     progress(f"node {node}: " + ("done" if result.ok else f"FAILED: {result.error}")
