@@ -139,3 +139,49 @@ def test_cli_usage_errors_exit_2(tmp_path: Path) -> None:
                            "stack"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert done.stderr.startswith("error: job srun runs diagnose on every node"), done.stderr
+
+
+_FAKE_SRUN = """#!{python}
+import io, os, signal, sys, time
+from flight_profiler.diagnose.node_archive import pack
+node = sys.argv[sys.argv.index("--nodelist") + 1]
+if node == "hang":
+    seen = []
+    signal.signal(signal.SIGINT, lambda *a: seen.append(1) or (len(seen) >= 2 and sys.exit(0)))
+    while True:
+        time.sleep(0.1)
+if node == "bad":
+    print("error: no rank of SLURM job 5 on node bad", file=sys.stderr)
+    sys.exit(2)
+src = os.path.join(os.environ["FAKE_TREE"])
+print("a prolog says hello")
+pack(src, sys.stdout, node, 0)
+"""
+
+
+def test_run_job_collects_streams_names_failures_and_stops_hung_nodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_tool(bin_dir, "srun", "")
+    (bin_dir / "srun").write_text(_FAKE_SRUN.format(python=sys.executable))
+    _fake_tool(bin_dir, "squeue", "echo 'RUNNING|x'\n")
+    _fake_tool(bin_dir, "scontrol", "echo good; echo bad; echo hang\n")
+    tree = tmp_path / "tree"
+    (tree / "rank0").mkdir(parents=True)
+    (tree / "rank0" / "stacks.json").write_text("{}")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_TREE", str(tree))
+    said: list[str] = []
+    run = srun_mod.run_job("5", str(tmp_path / "out"), [], shared=False, timeout=5, fanout=3,
+                           progress=said.append)
+    nodes = {n.node: n for n in run.nodes}
+    assert nodes["good"].ok and nodes["good"].files == 1
+    assert (tmp_path / "out" / "good" / "rank0" / "stacks.json").read_text() == "{}"
+    assert nodes["bad"].error == "exit 2: error: no rank of SLURM job 5 on node bad"
+    assert nodes["hang"].error is not None and "did not finish within --timeout" in nodes["hang"].error
+    assert nodes["hang"].seconds < 15  # the two SIGINTs ended it, no 30 s grace spent
+    assert run.missing == ["bad", "hang"]
+    report = srun_mod.merge_report(run)
+    missing = [i.error for i in report.inputs if i.kind == "node"]
+    assert len(missing) == 2 and all("missing from the job report" in (m or "") for m in missing)

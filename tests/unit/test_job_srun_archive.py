@@ -121,3 +121,12 @@ def test_truncated_archive_and_bad_node_name(tmp_path: Path) -> None:
         unpack(data[: len(data) // 2], str(tmp_path / "dest"))
     with pytest.raises(ArchiveError, match="is not a host name"):
         read_stream(io.StringIO("FP-ARCHIVE 1 ../x\n"))
+
+
+def test_stream_into_a_file_sink(tmp_path: Path) -> None:
+    # run_node streams each node into a temporary file: memory stays bounded by the line
+    with (tmp_path / "sink").open("w+b") as sink:
+        got = read_stream(io.StringIO(_framed(tmp_path)), sink=sink)
+        assert got.sink is sink and sink.tell() == 0
+        made = unpack(sink, str(tmp_path / "dest"))
+    assert "report.md" in made and (tmp_path / "dest" / "report.md").read_text() == "# report\n"

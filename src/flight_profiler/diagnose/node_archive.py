@@ -81,28 +81,43 @@ class Received:
     """What one node's stdout held: the archive (verified) and everything else it printed."""
 
     node: str | None = None
-    archive: bytes | None = None
+    sink: IO[bytes] | None = None  # the archive's bytes, verified, rewound
     exit_code: int | None = None
     other: list[str] = field(default_factory=list)
 
+    @property
+    def archive(self) -> bytes | None:
+        if self.sink is None:
+            return None
+        data = self.sink.read()
+        self.sink.seek(0)
+        return data
 
-def read_stream(lines: Iterable[str], max_bytes: int = MAX_BYTES) -> Received:
-    """Find the one framed archive in ``lines``; raises ArchiveError when it is cut or corrupt."""
+
+def read_stream(lines: Iterable[str], max_bytes: int = MAX_BYTES,
+                sink: IO[bytes] | None = None) -> Received:
+    """Find the one framed archive in ``lines``, its bytes written to ``sink`` (a temporary file
+    for a real node: memory stays bounded; in memory by default); raises ArchiveError when it is
+    cut short or corrupt."""
     got = Received()
-    chunks: list[bytes] = []
+    out = sink if sink is not None else io.BytesIO()
+    digest = hashlib.sha256()
     size = 0
     inside = False
     for raw in lines:
         line = raw.rstrip("\r\n")
         if not inside:
-            if line.startswith(HEADER + " ") and got.archive is None:
+            if line.startswith(HEADER + " ") and got.sink is None:
                 got.node = safe_node_name(line[len(HEADER) + 1:].strip())
                 inside = True
             elif len(got.other) < 1000:
                 got.other.append(line[:1000])
             continue
         if line.startswith(END + " "):
-            got.archive, got.exit_code = _finish(line, chunks)
+            got.exit_code = _finish(line, size, digest.hexdigest())
+            out.flush()
+            out.seek(0)
+            got.sink = out
             inside = False
             continue
         try:
@@ -113,23 +128,23 @@ def read_stream(lines: Iterable[str], max_bytes: int = MAX_BYTES) -> Received:
         size += len(chunk)
         if size > max_bytes:
             raise ArchiveError(f"the archive is larger than {max_bytes} bytes")
-        chunks.append(chunk)
+        digest.update(chunk)
+        out.write(chunk)
     if inside:
         raise ArchiveError(f"the archive was cut short after {size} bytes (no end line)")
-    if got.archive is None:
+    if got.sink is None:
         raise ArchiveError("the node sent no archive")
     return got
 
 
-def _finish(line: str, chunks: list[bytes]) -> tuple[bytes, int]:
+def _finish(line: str, size: int, digest: str) -> int:
     parts = line.split()
     if len(parts) != 4 or not parts[1].isdigit() or not re.fullmatch(r"-?\d+", parts[3]):
         raise ArchiveError(f"malformed end line {line[:80]!r}")
-    data = b"".join(chunks)
-    if len(data) != int(parts[1]) or hashlib.sha256(data).hexdigest() != parts[2]:
-        raise ArchiveError(f"the archive is corrupt: {len(data)} bytes received, "
+    if size != int(parts[1]) or digest != parts[2]:
+        raise ArchiveError(f"the archive is corrupt: {size} bytes received, "
                            f"{parts[1]} sent, digest differs")
-    return data, int(parts[3])
+    return int(parts[3])
 
 
 # -- unpacking ------------------------------------------------------------------------------------
@@ -154,8 +169,9 @@ def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         yield member
 
 
-def unpack(data: bytes, dest: str) -> list[str]:
-    """Unpack ``data`` (a tar.gz) into ``dest``, which must not exist; returns the files made.
+def unpack(data: bytes | IO[bytes], dest: str) -> list[str]:
+    """Unpack ``data`` (a tar.gz, or a file of one) into ``dest``, which must not exist;
+    returns the files made.
 
     An unsafe member stops the unpacking with ArchiveError; what was unpacked before it stays
     (it passed the same checks) so that the caller can say what is missing.
@@ -164,7 +180,8 @@ def unpack(data: bytes, dest: str) -> list[str]:
     made: list[str] = []
     regular: set[str] = set()
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")  # noqa: SIM115 (closed below)
+        src = io.BytesIO(data) if isinstance(data, bytes) else data
+        tar = tarfile.open(fileobj=src, mode="r:gz")  # noqa: SIM115 (closed below)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise ArchiveError(f"not a tar.gz archive: {exc}") from None
     try:
@@ -176,10 +193,10 @@ def unpack(data: bytes, dest: str) -> list[str]:
                 if not os.path.isdir(path):
                     os.mkdir(path, 0o755)
             elif member.isfile():
-                src = tar.extractfile(member)
-                if src is None:
+                body = tar.extractfile(member)
+                if body is None:
                     raise ArchiveError(f"archive member {rel!r} has no data")
-                _write_new(path, src)
+                _write_new(path, body)
                 regular.add(rel)
                 made.append(rel)
             elif member.islnk():

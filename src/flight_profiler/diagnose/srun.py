@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -173,7 +174,7 @@ def run_node(argv: list[str], node: str, out_dir: str, stream: bool, deadline: f
     start = time.monotonic()
     steps = steps or _Steps()
     log = os.path.join(out_dir, f".{node}.srun.log")
-    with open(log, "wb") as err:
+    with open(log, "wb") as err, tempfile.TemporaryFile(dir=out_dir) as sink:
         proc = steps.start(argv, stdout=subprocess.PIPE if stream else subprocess.DEVNULL,
                            stderr=err, stdin=subprocess.DEVNULL, text=True,
                            start_new_session=True)
@@ -187,7 +188,7 @@ def run_node(argv: list[str], node: str, out_dir: str, stream: bool, deadline: f
             if stream:
                 assert proc.stdout is not None
                 try:
-                    received = read_stream(proc.stdout)
+                    received = read_stream(proc.stdout, sink=sink)
                 except ArchiveError as exc:
                     problem = str(exc)
                     for _ in proc.stdout:  # drain, so that srun is not blocked on a full pipe
@@ -196,17 +197,17 @@ def run_node(argv: list[str], node: str, out_dir: str, stream: bool, deadline: f
         finally:
             timer.cancel()
             steps.done(proc)
-    seconds = time.monotonic() - start
-    timed_out = time.monotonic() >= deadline
-    node_dir = os.path.join(out_dir, node)
-    result = NodeResult(node, False, None, seconds)
-    if received is not None and received.archive is not None:
-        result.exit_code = received.exit_code
-        try:
-            result.files = len(unpack(received.archive, node_dir))
-        except (ArchiveError, OSError) as exc:
-            problem = f"its archive was refused: {exc}"
-    elif not stream and os.path.isdir(node_dir):
+        seconds = time.monotonic() - start
+        timed_out = time.monotonic() >= deadline
+        node_dir = os.path.join(out_dir, node)
+        result = NodeResult(node, False, None, seconds)
+        if received is not None and received.sink is not None:
+            result.exit_code = received.exit_code
+            try:
+                result.files = len(unpack(received.sink, node_dir))
+            except (ArchiveError, OSError) as exc:
+                problem = f"its archive was refused: {exc}"
+    if not stream and os.path.isdir(node_dir):
         result.exit_code = code
         result.files = sum(len(files) for _, _, files in os.walk(node_dir))
     if timed_out:
