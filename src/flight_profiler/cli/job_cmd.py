@@ -51,7 +51,8 @@ def job() -> None:
     "Examples:\n\n"
     "  flight_profiler job srun 12345 --out /shared/diag -- diagnose --all-ranks\n\n"
     "  flight_profiler job srun 12345 -- diagnose --all-ranks train train_step --calls 5\n\n"
-    "Exit codes: 0 every node diagnosed, 12 some nodes missing (the report names them), 9 a "
+    "Exit codes: 0 every node diagnosed, 12 some nodes missing (the report names them) or "
+    "a node's diagnosis incomplete, 9 a "
     "finding reached --fail-on, 3 the job is not running, 1 srun missing. docs/ranks.md."))
 @click.argument("jobid")
 @click.argument("rest", nargs=-1, type=click.UNPROCESSED)
@@ -107,6 +108,11 @@ def srun(jobid: str, rest: tuple[str, ...], out_dir: str | None, shared: bool, t
     if run.missing:
         raise Incomplete(f"node(s) {', '.join(run.missing)} missing from the job report "
                          f"(job_srun.json says why)", "", reported=as_json)
+    partial = [n.node for n in run.nodes if n.ok and n.exit_code == ExitCode.INCOMPLETE]
+    if partial:
+        raise Incomplete(f"the diagnosis of node(s) {', '.join(partial)} is incomplete (their "
+                         "diagnose_job.json says which evidence is missing)", "",
+                         reported=as_json)
     if fail_on and report.reaches(fail_on):
         raise FindingsThreshold(f"findings reached --fail-on {fail_on}: exit {ExitCode.FINDINGS}",
                                 "", reported=as_json)
