@@ -150,6 +150,10 @@ def test_job_srun_timeout_stops_every_node_and_leaves_the_ranks_clean(
 
 def assert_alive_and_clean(pids: dict[int, int]) -> None:
     assert len(pids) == 2, pids
+    deadline = time.monotonic() + 10  # an agent's detach may end just after diagnose's exit
+    while time.monotonic() < deadline and any(
+            os.path.exists(protocol.socket_path(pid, os.geteuid(), "/")) for pid in pids.values()):
+        time.sleep(0.5)
     for rank, pid in pids.items():
         assert os.path.exists(f"/proc/{pid}"), f"rank {rank} died"
         status = Path(f"/proc/{pid}/status").read_text()

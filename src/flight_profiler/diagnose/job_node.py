@@ -91,22 +91,30 @@ def run_diagnose(argv: list[str], log_path: str | None) -> int:
     """Run diagnose; its stdout (the report text) goes to ``log_path`` when stdout carries the
     archive, its progress to stderr as always (srun passes it through).
 
-    Stopped (srun forwards the user's Ctrl-C, or ``job srun`` reached --timeout), diagnose gets
-    a SIGINT and time to detach its agents from the ranks: subprocess.call would SIGKILL it."""
+    Stopped (the user's Ctrl-C, or ``job srun`` at --timeout: srun sends SIGINT to every
+    process of the step, then at once SIGTERM, and SIGKILL after slurm.conf's KillWait, 30 s by
+    default), diagnose must have time to detach its agents from the ranks: killed by that
+    SIGTERM in the middle of it, an agent stayed in a rank (the integration test saw it). So
+    diagnose starts with SIGTERM ignored (inherited through exec) and ends on the SIGINT; this
+    step waits for it (subprocess.call would SIGKILL it), passing on a SIGTERM sent to this
+    process alone as the SIGINT diagnose understands."""
     log = None
     if log_path is not None:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                      | os.O_CLOEXEC, 0o644)
         log = os.fdopen(fd, "wb")
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # A task may start with SIGINT ignored; diagnose's detach on Ctrl-C needs it delivered
+    # (a Python handler here is SIG_DFL after exec, where Python installs its own).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log)
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             return proc.wait()
         except KeyboardInterrupt:
-            # A SIGINT came to every process of the step, diagnose included (a second one could
-            # cut its detaching short); a SIGTERM came to this process: pass it on as a SIGINT.
-            if _terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the step's SIGTERM right after
+            if _terminated:  # a SIGINT reached diagnose too: a second one could cut its detach
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT)
             try:
