@@ -91,13 +91,12 @@ def run_diagnose(argv: list[str], log_path: str | None) -> int:
     """Run diagnose; its stdout (the report text) goes to ``log_path`` when stdout carries the
     archive, its progress to stderr as always (srun passes it through).
 
-    Stopped (the user's Ctrl-C, or ``job srun`` at --timeout: srun sends SIGINT to every
-    process of the step, then at once SIGTERM, and SIGKILL after slurm.conf's KillWait, 30 s by
-    default), diagnose must have time to detach its agents from the ranks: killed by that
-    SIGTERM in the middle of it, an agent stayed in a rank (the integration test saw it). So
-    diagnose starts with SIGTERM ignored (inherited through exec) and ends on the SIGINT; this
-    step waits for it (subprocess.call would SIGKILL it), passing on a SIGTERM sent to this
-    process alone as the SIGINT diagnose understands."""
+    Stopping (``job srun`` at --timeout or Ctrl-C) sends SIGUSR1 through srun to every process
+    of the step; this step turns it (or a SIGTERM) into the one SIGINT that makes diagnose
+    detach its agents from the ranks and end, and waits for that (subprocess.call would SIGKILL
+    it). diagnose starts with SIGUSR1 and SIGTERM ignored (inherited through exec): killed by
+    either in the middle of its detach, an agent stayed in a rank (the integration test saw it).
+    A SIGINT (a user's Ctrl-C on their own srun) reaches diagnose itself: not sent twice."""
     log = None
     if log_path is not None:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -106,15 +105,17 @@ def run_diagnose(argv: list[str], log_path: str | None) -> int:
     # A task may start with SIGINT ignored; diagnose's detach on Ctrl-C needs it delivered
     # (a Python handler here is SIG_DFL after exec, where Python installs its own).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOPS}
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log)
-        signal.signal(signal.SIGTERM, _interrupt)
+        for sig in _STOPS:
+            signal.signal(sig, _interrupt)
         try:
             return proc.wait()
         except KeyboardInterrupt:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the step's SIGTERM right after
-            if _terminated:  # a SIGINT reached diagnose too: a second one could cut its detach
+            for sig in _STOPS:
+                signal.signal(sig, signal.SIG_IGN)  # one stop is enough
+            if _stopped:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT)
             try:
@@ -123,16 +124,18 @@ def run_diagnose(argv: list[str], log_path: str | None) -> int:
                 proc.kill()
                 return proc.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if log is not None:
             log.close()
 
 
-_terminated: list[int] = []
+_STOPS = (signal.SIGUSR1, signal.SIGTERM)
+_stopped: list[int] = []
 
 
 def _interrupt(sig: int, _frame: object) -> None:
-    _terminated.append(sig)
+    _stopped.append(sig)
     raise KeyboardInterrupt
 
 

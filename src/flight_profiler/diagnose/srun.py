@@ -122,12 +122,14 @@ def srun_argv(srun: str, jobid: str, node: str, remote: list[str], out_dir: str 
 
 
 def _stop(proc: subprocess.Popen[str], grace: float = 30.0) -> None:
-    """End one node's srun the way a user's Ctrl-C would, so that diagnose detaches its agents.
+    """End one node's srun so that its diagnose detaches its agents from the ranks first.
 
-    Two SIGINTs within a second make srun send SIGINT to the step's tasks (one only prints their
-    state); the node's diagnose then detaches and ends (``grace``), srun follows. SIGTERM, then
-    SIGKILL, only if it did not (slurmstepd ends a step whose srun is gone)."""
-    for sig, wait in ((signal.SIGINT, 0.3), (signal.SIGINT, grace), (signal.SIGTERM, 5.0),
+    srun forwards SIGUSR1 to the step's tasks and keeps waiting for them: the node step
+    (job_node.py) turns it into the SIGINT that makes diagnose detach and end, then srun ends.
+    Only if that takes longer than ``grace``: two SIGINTs within a second (srun aborts the step:
+    SIGTERM, then SIGKILL after KillWait), then SIGKILL to srun. Never a SIGTERM to srun first:
+    srun kills the step's tasks at once on it (measured: exit 137), agents left behind."""
+    for sig, wait in ((signal.SIGUSR1, grace), (signal.SIGINT, 0.3), (signal.SIGINT, 5.0),
                       (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
             return
