@@ -141,7 +141,7 @@ def test_job_srun_timeout_stops_every_node_and_leaves_the_ranks_clean(
     doc = json.loads(done.stdout)
     assert doc["missing_nodes"] == ["n1", "n2"]
     assert all("did not finish within --timeout" in n["error"] for n in doc["nodes"]), doc
-    assert took < 12 + 45, took  # the nodes' diagnose detach within the grace, then srun ends
+    assert took < 12 + 100, took  # the nodes' diagnose end within their grace, then srun
     steps = cluster.run("squeue", "-h", "-s", "-j", jobid, "-o", "%i").stdout.split()
     # the batch step and the job's own srun (step 0) only: every step of ours has ended
     assert set(steps) <= {f"{jobid}.batch", f"{jobid}.extern", f"{jobid}.0"}, steps

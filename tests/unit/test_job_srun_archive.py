@@ -130,3 +130,22 @@ def test_stream_into_a_file_sink(tmp_path: Path) -> None:
         assert got.sink is sink and sink.tell() == 0
         made = unpack(sink, str(tmp_path / "dest"))
     assert "report.md" in made and (tmp_path / "dest" / "report.md").read_text() == "# report\n"
+
+
+def test_pack_skips_a_file_gone_while_packing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    # an interrupted diagnosis: a rank's agent removes its temporary file during the walk
+    src = _tree(tmp_path / "src")
+    real_walk = os.walk
+
+    def walk(top: str, **kw: object) -> object:
+        for root, dirs, files in real_walk(top, **kw):  # type: ignore[arg-type]
+            yield root, dirs, [*files, ".fp-trace-gone.json"]
+
+    monkeypatch.setattr(os, "walk", walk)
+    out = io.StringIO()
+    pack(str(src), out, "n1", 130)
+    got = read_stream(io.StringIO(out.getvalue()))
+    made = unpack(got.archive or b"", str(tmp_path / "dest"))
+    assert "report.md" in made and not any("gone" in m for m in made)
+    assert got.exit_code == 130

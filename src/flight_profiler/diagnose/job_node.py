@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from flight_profiler.attach.ranks import Job, ProcInfo, format_ranks, group_jobs, scan
 from flight_profiler.errors import ProcessNotFound, UsageError
 
-DETACH_GRACE = 25.0  # seconds diagnose has to detach once stopped
+# Seconds diagnose has to end once stopped. Interrupted during the per-rank workflow,
+# diagnose --all-ranks waits for the ranks' phases in flight (each up to its --timeout) before
+# it detaches: measured up to ~40 s on this loaded 2-core machine with --timeout 20.
+DETACH_GRACE = 90.0
 
 
 @dataclass

@@ -64,7 +64,12 @@ def pack(directory: str, out: IO[str], node: str, exit_code: int) -> None:
                 path = os.path.join(root, name)
                 if os.path.islink(path):
                     continue  # nothing diagnose writes; never carried
-                tar.add(path, arcname=os.path.relpath(path, directory), recursive=False)
+                try:
+                    tar.add(path, arcname=os.path.relpath(path, directory), recursive=False)
+                except FileNotFoundError:
+                    # an interrupted diagnosis: a rank's agent still finishing a temporary file
+                    # (renamed or removed by now); the finished files are what is carried
+                    continue
     data = buf.getvalue()
     out.write(f"{HEADER} {safe_node_name(node)}\n")
     text = base64.b64encode(data).decode("ascii")

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from flight_profiler.diagnose.job_node import DETACH_GRACE
 from flight_profiler.diagnose.node_archive import ArchiveError, read_stream, safe_node_name, unpack
 from flight_profiler.errors import FlightProfilerError, ProcessNotFound, UsageError
 
@@ -121,12 +122,12 @@ def srun_argv(srun: str, jobid: str, node: str, remote: list[str], out_dir: str 
             "--job-pid", job_pid, *where, "--", *diagnose_args]
 
 
-def _stop(proc: subprocess.Popen[str], grace: float = 30.0) -> None:
+def _stop(proc: subprocess.Popen[str], grace: float = DETACH_GRACE + 10) -> None:
     """End one node's srun so that its diagnose detaches its agents from the ranks first.
 
     srun forwards SIGUSR1 to the step's tasks and keeps waiting for them: the node step
     (job_node.py) turns it into the SIGINT that makes diagnose detach and end, then srun ends.
-    Only if that takes longer than ``grace``: two SIGINTs within a second (srun aborts the step:
+    Only if that takes longer than ``grace`` (the node's own grace, and then some): two SIGINTs within a second (srun aborts the step:
     SIGTERM, then SIGKILL after KillWait), then SIGKILL to srun. Never a SIGTERM to srun first:
     srun kills the step's tasks at once on it (measured: exit 137), agents left behind."""
     for sig, wait in ((signal.SIGUSR1, grace), (signal.SIGINT, 0.3), (signal.SIGINT, 5.0),
