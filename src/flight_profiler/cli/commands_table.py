@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
              "Start a bundled sample workload, diagnose it and show the report."),
     "ps": ("flight_profiler.cli.ps_cmd:ps",
            "List Python processes to attach to; torchrun ranks grouped by job."),
+    "job": ("flight_profiler.cli.job_cmd:job",
+            "Diagnose every node of a SLURM job (job srun JOBID -- diagnose --all-ranks)."),
 }
 
 GROUP_HELP = """Look inside a running PyTorch job without restarting it.

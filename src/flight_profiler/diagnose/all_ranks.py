@@ -338,6 +338,7 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
                  duration: float, timeout: float, attach_timeout: float,
                  say: Callable[[str], None] = _quiet,
                  arming: list[Any] | None = None) -> JobDiagnosis:
+    from flight_profiler.attach.multirank import has_agent
     from flight_profiler.diagnose.evidence import merge_rank_loader
     from flight_profiler.rank_list import format_ranks
     from flight_profiler.render.formats import write_report
@@ -347,6 +348,10 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
     job = JobDiagnosis(out_dir, targets)
     os.makedirs(out_dir, exist_ok=True)
     injected: set[int] = set()
+    # Interrupted while the ranks are being attached (stack sampling runs in worker threads
+    # that finish their injection), ``injected`` is not known yet: the ranks that have an
+    # agent at the end and had none now were injected by this command and are detached too.
+    had_agent = {t.pid for t in targets if has_agent(t.pid)}
     names = format_ranks([t.rank for t in targets if t.rank is not None])
     try:
         say(f"stack samples of ranks {names} ({STACK_SAMPLES} each, in parallel)")
@@ -393,6 +398,9 @@ def diagnose_job(targets: list[ProcInfo], out_dir: str, target: MethodTarget | N
             say(f"arming {len(arming)} trigger(s) on ranks {names}")
             job.armed = arm_ranks(targets, arming, attach_timeout)
             injected -= {r.pid for r in job.armed if rank_keeps_agent(r)}  # detach would disarm
+    except BaseException:
+        injected |= {t.pid for t in targets if has_agent(t.pid)} - had_agent
+        raise
     finally:
         _detach_injected(targets, injected, attach_timeout)
         job.seconds = time.monotonic() - started
