@@ -198,5 +198,5 @@ def test_help_imports_neither_torch_nor_rich() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "Usage" in proc.stdout
     modules = set(re.findall(r"\|\s+([\w.]+)\s*$", proc.stderr, re.M))
-    assert "click" in modules  # the parse worked
-    assert not {"torch", "rich", "numpy"} & {m.split(".")[0] for m in modules}
+    assert "flight_profiler.cli.quick_help" in modules  # the CLI ran (--help needs no click)
+    assert not {"torch", "rich", "numpy", "click"} & {m.split(".")[0] for m in modules}

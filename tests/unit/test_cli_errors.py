@@ -139,10 +139,11 @@ def test_every_exit_code_is_documented_once_and_summarised_in_help(
 
 
 def test_a_subcommand_summary_is_one_text_for_the_listing_and_the_command() -> None:
-    from flight_profiler.cli.app import _SUBCOMMANDS, cli
+    from flight_profiler.cli.app import cli
+    from flight_profiler.cli.commands_table import SUBCOMMANDS
 
     with click.Context(cli) as ctx:
-        for name, (_, summary) in _SUBCOMMANDS.items():
+        for name, (_, summary) in SUBCOMMANDS.items():
             command = cli.get_command(ctx, name)
             assert command is not None and command.get_short_help_str(200) == summary
 
