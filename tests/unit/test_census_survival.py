@@ -255,13 +255,19 @@ def test_a_repackaged_hidden_state_is_not_chained(tmp_path: Path) -> None:
     assert c.severe("graph-chain") == []
 
 
-def test_grads_on_forward_finds_the_hidden_state_it_returns_second(tmp_path: Path) -> None:
-    # GIVEN forward returns (output, (h, c)) and the loop keeps (h, c) undetached
+@pytest.mark.parametrize("loop_began_first", [True, False])
+def test_grads_on_forward_finds_the_hidden_state_it_returns_second(tmp_path: Path, loop_began_first: bool) -> None:
+    # GIVEN forward returns (output, (h, c)) and the loop keeps (h, c) undetached; the measuring
+    # begins either mid-loop or before the loop's first call (hidden still the initial zeros)
     model = RNNModel()
     state: dict[str, Any] = {"hidden": (torch.zeros(1, 4, 16), torch.zeros(1, 4, 16))}
     data = torch.randn(10, 4, 8)
+    plain_code = RNNModel.forward.__code__
 
     def train_batch() -> None:
+        if not loop_began_first and not state.get("hooked") and RNNModel.forward.__code__ is not plain_code:
+            state["hooked"] = True
+            state["hidden"] = (torch.zeros(1, 4, 16), torch.zeros(1, 4, 16))
         hidden = state["hidden"]
         output, hidden = model(data, hidden)
         output.pow(2).mean().backward(retain_graph=True)

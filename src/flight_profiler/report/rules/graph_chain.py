@@ -138,6 +138,25 @@ def _state(name: str) -> str:
     return name.split("[", 1)[0]
 
 
+def _chained_throughout(name: str, last: dict[str, Any], carried: list[dict[str, Any]]) -> bool:
+    """Every call after the first reached the previous call's root. A loop's local that now holds
+    what the method returned qualifies from the first call at which it held a graph: before it, it
+    held the initial state (zeros, no grad_fn), which says nothing either way, and whether the
+    measuring began before or after the loop's first call is chance."""
+    links = [c.get(name, {}).get("chained") for c in carried[1:]]
+    if links and all(link is True for link in links):
+        return True
+    source = last[name].get("from") if isinstance(last.get(name), dict) else None
+    if not isinstance(source, str) or source == name or source not in last:
+        return False
+    source_links = [c.get(source, {}).get("chained") for c in carried[1:]]
+    if not source_links or not all(link is True for link in source_links):
+        return False
+    while links and links[0] is None:
+        links.pop(0)
+    return len(links) >= 2 and all(link is True for link in links)
+
+
 def _from_calls(ctx: Context) -> list[Finding]:
     """From `torch grads METHOD`: a tensor the method returns, keeps on ``self``, or that the
     loop's frame holds (``train() local hidden``) whose graph, after every call, reaches the
@@ -152,9 +171,9 @@ def _from_calls(ctx: Context) -> list[Finding]:
         target = doc.get("target")
         states: dict[str, list[str]] = {}
         received: set[str] = set()
-        for name, info in carried[-1].items():
-            links = [c.get(name, {}).get("chained") for c in carried[1:]]
-            if not links or not all(link is True for link in links):
+        last = carried[-1]
+        for name, info in last.items():
+            if not _chained_throughout(name, last, carried):
                 continue
             states.setdefault(_state(name), []).append(name)
             source = info.get("from") if isinstance(info, dict) else None
