@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 WORKLOADS = Path(__file__).resolve().parent / "integration" / "job_workloads"
@@ -70,6 +71,9 @@ class Job:
         return out
 
     def stop(self) -> None:
+        """SIGTERM to the launcher, which stops its ranks; past 20 s, SIGKILL to the launcher and
+        to every rank's own group: torchrun starts each rank in a session of its own, so a
+        killed launcher's ranks would run on as orphans."""
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGTERM)
             try:
@@ -77,3 +81,16 @@ class Job:
             except subprocess.TimeoutExpired:
                 os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(10)
+                kill_ranks(self.pids.values())
+
+
+def kill_ranks(pids: Iterable[int]) -> None:
+    """SIGKILL each rank's process group (the rank and its DataLoader workers) still there."""
+    for pid in list(pids):
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

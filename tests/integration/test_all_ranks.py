@@ -25,7 +25,7 @@ import pytest
 
 from flight_profiler.agent import protocol
 from support import torch_available
-from torchrun_jobs import DDP_TRAINER
+from torchrun_jobs import DDP_TRAINER, kill_ranks
 from torchrun_jobs import Job as DdpJob
 
 pytestmark = [
@@ -41,13 +41,15 @@ class Job:
     def __init__(self, popen: subprocess.Popen[bytes], ready: Path, n: int, log: Path) -> None:
         self.popen, self.ready, self.n, self.log = popen, ready, n, log
         self.launcher = popen.pid
+        self.pids: dict[int, int] = {}
 
     def wait_ready(self, timeout: float = 120.0) -> dict[int, int]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             files = list(self.ready.glob("rank*"))
             if len(files) == self.n and all(f.read_text() for f in files):
-                return {int(f.name[4:]): int(f.read_text()) for f in files}
+                self.pids = {int(f.name[4:]): int(f.read_text()) for f in files}
+                return self.pids
             assert self.popen.poll() is None, self.log.read_text()[-3000:]
             time.sleep(0.2)
         raise AssertionError("the ranks did not start: " + self.log.read_text()[-3000:])
@@ -80,6 +82,7 @@ def torchrun(tmp_path: Path) -> Iterator[Any]:
             except subprocess.TimeoutExpired:
                 os.killpg(job.popen.pid, signal.SIGKILL)
                 job.popen.wait(10)
+                kill_ranks(job.pids.values())  # own sessions: the launcher's group misses them
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

@@ -309,8 +309,12 @@ def _running(pid: int) -> bool:
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the program: a torchrun job's whole session (launcher and ranks), else the process."""
+    """Kill the program: a torchrun job's launcher and every rank, else the process. torchrun
+    starts each rank in a session of its own (start_new_session), so a signal to the launcher's
+    group never reaches them: killed launcher-first, they ran on (orphans, each for the rest of
+    its --seconds), and loaded the machine the next runs and tests were timed on."""
     if proc.poll() is None:
+        ranks = list(rank_pids(proc.pid).values())
         try:
             if os.getsid(proc.pid) == proc.pid:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -318,7 +322,20 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
                 proc.kill()
         except ProcessLookupError:
             pass
+        for pid in ranks:
+            kill_group(pid)
     proc.wait()
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL ``pid``'s process group (a rank and its DataLoader workers), else ``pid``."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def diagnose(pid: int, target: tuple[str, ...], out: Path, extra: tuple[str, ...] = (),
