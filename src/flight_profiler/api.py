@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentRequest", "NotAttached", "RequestInterrupted", "RequestTimeout", "Session", "connect"]
 
-_POLL = 0.01  # seconds between connection attempts while the agent starts
+_POLL = 0.002  # seconds between connection attempts while the agent starts (each costs ~20 us)
 
 
 class Session:
