@@ -1,9 +1,10 @@
 """How the CLI ends: one clear error line (or a JSON error) and the documented exit code.
 
-``print_error`` is the one error printer (the command line and the shells use it);
-``run_cli`` is the one place that ends the process: every failure, click's own included, is
-turned into a :class:`FlightProfilerError` first, so that the exit status and the ``exit_code``
-of a ``--json`` error document are the same number by construction.
+``print_error`` is the one error printer (the command line and the shells use it; it lives in
+cli/error_output.py, without click, for the fast path of cli/fast_cmd.py); ``run_cli`` is where
+the click path ends the process: every failure, click's own included, is turned into a
+:class:`FlightProfilerError` first, so that the exit status and the ``exit_code`` of a
+``--json`` error document are the same number by construction.
 """
 
 from __future__ import annotations
