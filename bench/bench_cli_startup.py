@@ -12,8 +12,10 @@ alternating run by run so that load hits both alike), with bytecode compiled fir
   first          ``flight_profiler PID --cmd status`` on a fresh target (attach included;
                  ``--fresh`` targets per tree)                                 (target < 0.15 s)
 Medians of wall time and of the child's CPU time (user + system), and which heavy modules each
-command imported (``-X importtime``): torch never; rich only to render a table; msgspec, the
-report engine and the injector not for a command to a running agent.
+command imported (``-X importtime``): torch never; rich (and typing, dataclasses: rich imports
+them) only to render a table; click and the command grammar not for ``PID --cmd status``
+(cli/fast_cmd.py); msgspec, the report engine and the injector not for a command to a running
+agent.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "rich", "click", "msgspec", "flight_profiler.report.engine",
+HEAVY = ("torch", "rich", "click", "typing", "dataclasses", "msgspec",
+         "flight_profiler.requests.grammar", "flight_profiler.report.engine",
          "flight_profiler.attach.inject", "flight_profiler.attach.ptrace_inject",
          "flight_profiler.render")
 SLEEPER = "import os, time\nos.write(1, b'READY\\n')\nwhile True:\n    time.sleep(0.05)\n"

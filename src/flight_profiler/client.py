@@ -10,7 +10,6 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any, Callable
 
 from flight_profiler import __version__
 from flight_profiler.agent import limits, protocol
@@ -33,7 +32,11 @@ from flight_profiler.errors import (
 )
 from flight_profiler.safe_text import safe_text
 
-EventHandler = Callable[[dict[str, Any]], None]
+TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    EventHandler = Callable[[dict[str, Any]], None]
 
 # After Ctrl-C the agent removes the request's hooks and sends the final result; wait this long.
 CANCEL_GRACE = 3.0

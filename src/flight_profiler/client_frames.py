@@ -17,10 +17,13 @@ import re
 import socket
 import struct
 import time
-from dataclasses import dataclass
-from typing import Any
 
 from flight_profiler.errors import AgentLost, AgentTimeout, BadAnswer, malformed
+from flight_profiler.records import FrozenRecord
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
+if TYPE_CHECKING:
+    from typing import Any
 
 _HEADER = struct.Struct(">I")
 _PREFIX = 16  # bytes of a body that name its kind: {"type":"result"
@@ -30,8 +33,7 @@ _MAX_DIGITS = 40
 _BASE_COST = 64 << 10  # what one json.loads call allocates whatever the frame  # an integer the agent sends is a count, a size, an id: 20 digits suffice
 
 
-@dataclass(frozen=True)
-class AnswerLimits:
+class AnswerLimits(FrozenRecord):
     """What one frame of the agent's may cost the CLI (docs/commands.md, "Deadlines and limits").
 
     A frame is classified by its first bytes (the agent's encoder writes ``{"type":...`` first):
@@ -41,11 +43,19 @@ class AnswerLimits:
     its size). ``frame_seconds``: a frame that has begun must be whole within that time.
     """
 
-    result_bytes: int = 32 << 20
-    event_bytes: int = 8 << 20
-    other_bytes: int = 64 << 10
-    decoded_bytes: int = 256 << 20
-    frame_seconds: float = 30.0
+    FIELDS = ("result_bytes", "event_bytes", "other_bytes", "decoded_bytes", "frame_seconds")
+    result_bytes: int
+    event_bytes: int
+    other_bytes: int
+    decoded_bytes: int
+    frame_seconds: float
+
+    def __init__(self, result_bytes: int = 32 << 20, event_bytes: int = 8 << 20,
+                 other_bytes: int = 64 << 10, decoded_bytes: int = 256 << 20,
+                 frame_seconds: float = 30.0) -> None:
+        for name, value in zip(self.FIELDS, (result_bytes, event_bytes, other_bytes,
+                                             decoded_bytes, frame_seconds)):
+            self._set(name, value)
 
     def cap(self, kind: str) -> int:
         return {"result": self.result_bytes, "error": self.result_bytes,

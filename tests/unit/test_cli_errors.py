@@ -148,8 +148,10 @@ def test_a_subcommand_summary_is_one_text_for_the_listing_and_the_command() -> N
             assert command is not None and command.get_short_help_str(200) == summary
 
 
+@pytest.mark.parametrize("attach", [[], ["attach"]], ids=["fast-path", "click-path"])
 def test_a_stream_cancelled_by_ctrl_c_ends_130_through_the_hierarchy(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        attach: list[str]) -> None:
     import os
 
     closed: list[bool] = []
@@ -161,6 +163,7 @@ def test_a_stream_cancelled_by_ctrl_c_ends_130_through_the_hierarchy(
     # GIVEN a one-shot command whose stream the user cancelled (execute() said so on stderr)
     monkeypatch.setattr("flight_profiler.api.connect", lambda *a, **k: Session())
     monkeypatch.setattr("flight_profiler.cli.attach_cmd.execute", lambda *a, **k: False)
-    status, out, err = _exit([str(os.getpid()), "--cmd", "stack", "--json"], capsys)
+    monkeypatch.setattr("flight_profiler.cli.runner.execute", lambda *a, **k: False)
+    status, out, err = _exit([*attach, str(os.getpid()), "--cmd", "stack", "--json"], capsys)
     # THEN exit 130, the session closed, and no second word about it (no JSON error either)
     assert (status, out, err, closed) == (ExitCode.INTERRUPTED, "", "", [True])

@@ -3,6 +3,7 @@ a process that is gone, is never taken for the one the pre-flight inspected."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import subprocess
@@ -40,7 +41,8 @@ def test_a_pin_of_a_live_process_holds() -> None:
 def test_the_pin_refuses_a_start_time_other_than_the_preflights() -> None:
     # GIVEN the pre-flight's view of a process, whose pid now belongs to a later process
     target = inspect(os.getpid(), check_permissions=False)
-    stale = dataclasses.replace(target, start_time=target.start_time - 1)
+    stale = copy.copy(target)
+    stale.start_time -= 1
     # WHEN the injector pins it, THEN it says so and touches nothing
     with pytest.raises(ProcessNotFound, match="reused") as info:
         identity.Pin(stale)

@@ -22,11 +22,8 @@ while attached: an aborted inferior call kills the target later.
 from __future__ import annotations
 
 import os
-import platform
 import re
 import shutil
-import subprocess
-import tempfile
 import time
 
 from flight_profiler.attach.outcome import Outcome
@@ -90,7 +87,7 @@ def build_scripts(
     payload_file: str, size: int, pending_off: int, version: tuple[int, int], use_helper: bool,
 ) -> list[str]:
     """gdb command files, one per step (an error in one does not stop the next)."""
-    x86 = platform.machine() in ("x86_64", "amd64")
+    x86 = os.uname().machine in ("x86_64", "amd64")  # platform.machine(), unimported
     # Symbols only from the libraries the calls need: reading all of them costs seconds in a
     # torch process (libtorch_cpu alone has hundreds of thousands of symbols).
     symbols = [
@@ -214,6 +211,9 @@ def inject(
     pending_text: str, gdb_timeout: float = 60.0, verbose: bool = False, readnever: bool = True,
 ) -> GdbOutcome:
     """Run the gdb recipe once. gdb is waited for, never killed (see module docstring)."""
+    import subprocess  # here: only an injection by gdb pays for them (issue 23)
+    import tempfile
+
     gdb = find_gdb()
     payload, pending_off = build_payload(helper, foreign_text, pending_text)
     work = tempfile.mkdtemp(prefix="flight_profiler-gdb-")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 
 from flight_profiler.errors import (
     AttachFailed,
@@ -18,6 +17,7 @@ from flight_profiler.errors import (
     UsageError,
     already_traced,
 )
+from flight_profiler.records import Record
 
 CAP_SYS_PTRACE = 19
 
@@ -29,22 +29,32 @@ _EXT_TAG = re.compile(r"\.cpython-(\d)(\d+)[a-z]*-")
 _STDLIB_DIR = re.compile(r"/lib/python(\d)\.(\d+)/")
 
 
-@dataclass
-class TargetInfo:
-    pid: int
-    uid: int  # effective uid (what its agent's listening socket carries)
-    state: str
-    tracer_pid: int
-    ns_pid: int  # the pid as the target sees itself (differs inside a container)
-    start_time: int
-    exe: str
-    version: tuple[int, int] | None
-    libpython: str | None  # None: statically linked interpreter
-    root: str  # "/proc/PID/root" when the target lives in another mount namespace, else "/"
-    cmdline: list[str] = field(default_factory=list)
-    environ: dict[str, str] = field(default_factory=dict)
-    pid_ns: int = 0  # inode of its pid namespace: with ns_pid, names its files (0: unknown)
-    uids: tuple[int, ...] = ()  # real, effective, saved, file-system
+class TargetInfo(Record):
+    """What /proc says of the target (records.py says why this is not a dataclass)."""
+
+    FIELDS = ("pid", "uid", "state", "tracer_pid", "ns_pid", "start_time", "exe", "version",
+              "libpython", "root", "cmdline", "environ", "pid_ns", "uids")
+
+    def __init__(self, pid: int, uid: int, state: str, tracer_pid: int, ns_pid: int,
+                 start_time: int, exe: str, version: tuple[int, int] | None,
+                 libpython: str | None, root: str, cmdline: list[str] | None = None,
+                 environ: dict[str, str] | None = None, pid_ns: int = 0,
+                 uids: tuple[int, ...] = ()) -> None:
+        self.pid = pid
+        self.uid = uid  # effective uid (what its agent's listening socket carries)
+        self.state = state
+        self.tracer_pid = tracer_pid
+        self.ns_pid = ns_pid  # the pid as the target sees itself (differs inside a container)
+        self.start_time = start_time
+        self.exe = exe
+        self.version = version
+        self.libpython = libpython  # None: statically linked interpreter
+        # "/proc/PID/root" when the target lives in another mount namespace, else "/"
+        self.root = root
+        self.cmdline = [] if cmdline is None else cmdline
+        self.environ = {} if environ is None else environ
+        self.pid_ns = pid_ns  # inode of its pid namespace: with ns_pid, names its files (0: unknown)
+        self.uids = uids  # real, effective, saved, file-system
 
     @property
     def home(self) -> int:
@@ -58,15 +68,18 @@ class TargetInfo:
         return f"{self.version[0]}.{self.version[1]}" if self.version else "unknown"
 
 
-@dataclass
-class Status:
-    state: str
-    tracer_pid: int
-    uids: tuple[int, int, int, int]
-    ns_pid: int
-    cap_eff: int
-    tgid: int = 0
-    cap_prm: int = 0
+class Status(Record):
+    FIELDS = ("state", "tracer_pid", "uids", "ns_pid", "cap_eff", "tgid", "cap_prm")
+
+    def __init__(self, state: str, tracer_pid: int, uids: tuple[int, int, int, int], ns_pid: int,
+                 cap_eff: int, tgid: int = 0, cap_prm: int = 0) -> None:
+        self.state = state
+        self.tracer_pid = tracer_pid
+        self.uids = uids
+        self.ns_pid = ns_pid
+        self.cap_eff = cap_eff
+        self.tgid = tgid
+        self.cap_prm = cap_prm
 
 
 def parse_status(text: str) -> Status:

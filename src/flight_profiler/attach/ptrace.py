@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import signal
 import time
 from collections.abc import Iterator
@@ -65,7 +64,9 @@ _U64 = (1 << 64) - 1
 
 def supported() -> bool:
     """Whether this machine can use the own injector (the kernel ABI here is x86-64's)."""
-    return platform.system() == "Linux" and platform.machine() in ("x86_64", "amd64")
+    # os.uname(): what platform.system() and .machine() read, without importing platform
+    uname = os.uname()
+    return uname.sysname == "Linux" and uname.machine in ("x86_64", "amd64")
 
 
 class PtraceError(Exception):

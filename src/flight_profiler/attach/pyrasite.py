@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import subprocess
 import sys
-import tempfile
 
 from flight_profiler.errors import AttachFailed, pyrasite_missing
 
@@ -27,6 +25,9 @@ def available() -> bool:
 def inject(pid: int, text: str, timeout: float) -> None:
     if not available():
         raise pyrasite_missing()
+    import subprocess  # here: only an injection by pyrasite pays for them (issue 23)
+    import tempfile
+
     fd, path = tempfile.mkstemp(prefix="flight_profiler-", suffix=".py")
     with os.fdopen(fd, "w") as f:
         f.write(text)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 from flight_profiler.errors import AttachFailed, PermissionDenied
 
@@ -49,6 +48,8 @@ def inject(pid: int, text: str, script_dir: str, inner_dir: str) -> None:
     if remote_exec is None:
         raise AttachFailed("this Python has no sys.remote_exec (needs 3.14+)",
                            "use --method gdb")
+    import tempfile  # here: only this injection pays for it (issue 23)
+
     fd, outer = tempfile.mkstemp(prefix="bootstrap-", suffix=".py", dir=script_dir)
     # fchmod, not chmod: the directory is the target user's, who could swap the name for a link
     os.fchmod(fd, 0o644)

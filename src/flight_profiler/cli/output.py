@@ -1,56 +1,27 @@
 """How the CLI ends: one clear error line (or a JSON error) and the documented exit code.
 
-``print_error`` is the one error printer (the command line and the shells use it);
-``run_cli`` is the one place that ends the process: every failure, click's own included, is
-turned into a :class:`FlightProfilerError` first, so that the exit status and the ``exit_code``
-of a ``--json`` error document are the same number by construction.
+``print_error`` is the one error printer (the command line and the shells use it; it lives in
+cli/error_output.py, without click, for the fast path of cli/fast_cmd.py); ``run_cli`` is where
+the click path ends the process: every failure, click's own included, is turned into a
+:class:`FlightProfilerError` first, so that the exit status and the ``exit_code`` of a
+``--json`` error document are the same number by construction.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
+from flight_profiler.cli.error_output import exit_with, print_error, wants_json
 from flight_profiler.errors import ExitCode, FlightProfilerError, Interrupted, UsageError
-from flight_profiler.safe_text import safe_text
+
+__all__ = ["exit_with", "from_click", "print_error", "run_cli", "wants_json"]
 
 # click >= 8.2 renamed NoArgsIsHelp to NoArgsIsHelpError.
 _NoArgsIsHelp: type[Exception] = (getattr(click.exceptions, "NoArgsIsHelpError", None)
                                   or getattr(click.exceptions, "NoArgsIsHelp"))  # noqa: B009
-
-
-def wants_json(argv: list[str]) -> bool:
-    return "--json" in argv
-
-
-def print_error(err: FlightProfilerError, as_json: bool, one_line: bool = False) -> None:
-    """Show ``err``: a JSON document on stdout with --json, else ``error:``/``hint:`` on stderr.
-
-    ``one_line`` is the shell's form (the hint in parentheses), so that the prompt comes back
-    right below. An error the command already reported, and an interrupt, print no JSON.
-    Messages often quote what a target or a file said (an agent's error, a name): their control
-    characters are shown escaped (``safe_text``), never sent to the terminal; JSON escapes them.
-    """
-    if err.reported:
-        return
-    if isinstance(err, Interrupted):
-        sys.stderr.write(f"{safe_text(err.message)}\n")
-        return
-    if as_json:
-        sys.stdout.write(json.dumps({"error": err.to_dict()}) + "\n")
-        sys.stdout.flush()
-        return
-    message, hint = safe_text(err.message), safe_text(err.hint)
-    if one_line:
-        hint = f" (hint: {hint})" if hint else ""
-        sys.stderr.write(f"error: {message}{hint}\n")
-        return
-    sys.stderr.write(f"error: {message}\n")
-    if hint:
-        sys.stderr.write(f"hint: {hint}\n")
 
 
 class _ClickError(FlightProfilerError):
@@ -68,11 +39,6 @@ def from_click(exc: click.ClickException) -> FlightProfilerError:
     if isinstance(exc, click.UsageError) or exc.exit_code == ExitCode.USAGE:
         return UsageError(exc.format_message(), "")
     return _ClickError(exc.format_message(), exc.exit_code)
-
-
-def exit_with(err: FlightProfilerError, as_json: bool) -> NoReturn:
-    print_error(err, as_json)
-    sys.exit(err.exit_code)
 
 
 def run_cli(group: click.Group, argv: list[str]) -> Any:

@@ -7,10 +7,10 @@ import json
 import os
 import sys
 import threading
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from flight_profiler.errors import FlightProfilerError, UsageError
+from flight_profiler.requests.base import AgentRequest
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from flight_profiler.attach.multirank import RankResult
     from flight_profiler.attach.ranks import ProcInfo
     from flight_profiler.cli.agent_commands.base import Rendering
-    from flight_profiler.requests import AgentRequest
 
 
 def job_targets(pid: int, ranks_spec: str | None) -> list[ProcInfo]:
@@ -42,7 +41,8 @@ def per_rank_path(path: str, rank: int | None) -> str:
 
 def _for_rank(req: AgentRequest, rank: int | None) -> AgentRequest:
     if isinstance(req.args.get("path"), str):
-        return replace(req, args={**req.args, "path": per_rank_path(req.args["path"], rank)})
+        return AgentRequest(req.cmd, {**req.args, "path": per_rank_path(req.args["path"], rank)},
+                            req.line)
     return req
 
 

@@ -5,18 +5,29 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from flight_profiler.method_spec import split_method_words
+from flight_profiler.records import FrozenRecord
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
+if TYPE_CHECKING:
+    from typing import Any
 
 
-@dataclass(frozen=True)
-class AgentRequest:
+class AgentRequest(FrozenRecord):
+    """One request, frozen (a value: compared by its fields; records.py says why it is not a
+    dataclass)."""
+
+    FIELDS = ("cmd", "args", "line")
     cmd: str  # the agent's handler name (agent registry.HANDLERS)
-    args: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Any]
     # What a user types after --cmd for the same request: parse(line) gives it back.
-    line: str = ""
+    line: str
+
+    def __init__(self, cmd: str, args: dict[str, Any] | None = None, line: str = "") -> None:
+        self._set("cmd", cmd)
+        self._set("args", {} if args is None else args)
+        self._set("line", line)
 
 
 def target_args(words: Sequence[str], nested: str | None = None) -> dict[str, Any]:

@@ -12,9 +12,12 @@ trace without --timeout) runs until Ctrl-C, unless the caller gives a deadline.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from flight_profiler.requests.base import AgentRequest
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Commands that only read a little state answer in milliseconds (watch and trace: their final
 # answer, once their own --timeout is reached); the margin covers a target whose threads keep

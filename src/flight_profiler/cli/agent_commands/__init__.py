@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-from flight_profiler.cli.agent_commands.base import Renderer, Rendering
+from flight_profiler.cli.agent_commands.base import Rendering
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
+if TYPE_CHECKING:
+    from flight_profiler.cli.agent_commands.base import Renderer
 
 _PROGRESS = "torch:render_progress"
 # handler name -> ("module:function" of the result renderer, of the event renderer or None)
