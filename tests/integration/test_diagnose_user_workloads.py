@@ -136,10 +136,15 @@ def test_tensor_walks_never_race_torch_work_in_worker_threads(tmp_path: Path) ->
         job.stop()
 
 
-def test_validation_without_no_grad_is_found_with_forward_named(tmp_path: Path) -> None:
-    # The profile holds a few steps; the validation pass (once an epoch) is seen live: its
-    # forward calls build graphs that no backward reads, between calls whose graphs are read.
-    result = diagnose(tmp_path, "validate_with_grad", ["__main__", "MLP", "forward"])
+@pytest.mark.parametrize("method", [["__main__", "MLP", "forward"],
+                                    ["torch.optim.adam", "Adam", "step"]],
+                         ids=["forward", "step"])
+def test_validation_without_no_grad_is_found_with_forward_or_step_named(
+        tmp_path: Path, method: list[str]) -> None:
+    # The profile holds a few steps; the validation pass (once an epoch) is seen live: the
+    # model's forward calls build graphs that no backward reads, between calls whose graphs are
+    # read. With the step named, the model's forward is what is followed (a step saves nothing).
+    result = diagnose(tmp_path, "validate_with_grad", method)
     (e,) = findings(result, "eval-with-grad")
     assert e["severity"] == "warning" and "no_grad" in " ".join(e["fix"])
     assert any(w.startswith("validate at target_main.py:") for w in e["where"]), e["where"]

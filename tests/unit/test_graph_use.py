@@ -147,3 +147,53 @@ def test_autograd_is_unchanged_by_the_measurement(kind: str) -> None:
                   + torch.nn.functional.leaky_relu(a * 2, 0.2, inplace=True).exp())
     r.sum().backward()
     assert a.grad is not None
+
+
+class Wrapper(torch.nn.Module):  # type: ignore[misc]
+    """Shaped like DDP: the model as ``.module``, training through the wrapper."""
+
+    def __init__(self, module: Any) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Any) -> Any:
+        return self.module(x)
+
+
+def test_a_step_named_follows_the_models_forward_wherever_the_loop_calls_it() -> None:
+    # An optimizer step saves nothing for backward, and the evaluation pass runs outside it:
+    # following the step's own calls could never see it (issue 18: 0 of 3 on the DDP trainer
+    # and the LBFGS program with the step named).
+    from flight_profiler.agent.commands import torch_dataloader
+
+    mod = types.ModuleType(MOD)
+    mod.Net = Net  # type: ignore[attr-defined]
+    sys.modules[MOD] = mod
+    model = Wrapper(Net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = {"module": "torch.optim.sgd", "class": "SGD", "method": "step", "nested": None}
+    followed = torch_dataloader._followed(torch, step)
+    names = [t.description for t in followed]
+    assert f"{__name__}.Wrapper.forward" in names and f"{__name__}.Net.forward" in names
+    assert "torch.optim.sgd.SGD.step" not in names
+    # a module's own method is followed as named
+    named = {"module": MOD, "class": "Net", "method": "forward", "nested": None}
+    assert [t.description for t in torch_dataloader._followed(torch, named)] == [f"{MOD}.Net.forward"]
+    use = graph_use.GraphUse(torch)
+    removes = [hooks.install(t, use.on_enter, use.on_exit) for t in followed]
+    try:
+        for _ in range(3):
+            _train(model, opt, 10)
+            model.module.eval()
+            for _ in range(4):  # validation on the inner model, without no_grad
+                model.module(torch.randn(8, 16))
+            model.module.train()
+    finally:
+        for remove in removes:
+            remove()
+        use.close()
+        del sys.modules[MOD]
+    s = use.summary(", ".join(names))
+    # training calls through the wrapper count once (the inner call nests in it)
+    assert s["calls"] == 42 and s["unused"] == 8 and s["used"] == 29, s
+    assert graph_use_finding(s, []) is not None

@@ -27,12 +27,12 @@ from . import targets
 # Generators, coroutines, async generators: their "call" spans suspensions, during which other
 # code runs and may push/pop its own thread-local hooks or modes: entering ours at the start and
 # leaving at the end would not nest.
-_SUSPENDS = 0x20 | 0x80 | 0x200
+SUSPENDS = 0x20 | 0x80 | 0x200
 
 
 def suspends(spec: dict[str, Any]) -> bool:
     """True when the method named by ``spec`` is a generator or coroutine function."""
-    return bool(targets.resolve(spec).code.co_flags & _SUSPENDS)
+    return bool(targets.resolve(spec).code.co_flags & SUSPENDS)
 
 
 _MODIFIED = ("one of the variables needed for gradient computation has been modified by an "

@@ -189,6 +189,30 @@ def _nested_names(code: CodeType) -> list[str]:
     return names
 
 
+def owner_class(spec: dict[str, Any]) -> type | None:
+    """The class a spec's method belongs to (None for a module-level function, or when the
+    spec does not resolve: :func:`resolve` says why)."""
+    if not spec.get("class"):
+        return None
+    try:
+        owner = _resolve_owner(_find_module(spec.get("module") or ""), str(spec["class"]))
+    except CommandError:
+        return None
+    return owner if isinstance(owner, type) else type(owner)
+
+
+def method_of(cls: type, name: str) -> Target:
+    """The method ``name`` of a class object the agent holds (a model's class found live, which
+    may be defined inside a function and so have no importable name). KeyError if it has none."""
+    raw, defining = _static_lookup(cls, name)
+    where = f"{cls.__module__}.{(defining or cls).__qualname__}"
+    function, kind = _as_function(raw, where, name)
+    bound_first = kind in ("function", "classmethod", "property")
+    if kind == "function":
+        kind = "method"
+    return Target(f"{where}.{name}", kind, original_code(function), function, bound_first)
+
+
 def resolve(spec: dict[str, Any]) -> Target:
     """``{"module", "class", "method", "nested"}`` (cli base.target_args) -> :class:`Target`."""
     module_name = spec.get("module") or ""

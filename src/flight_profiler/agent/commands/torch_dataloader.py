@@ -13,10 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import dataloader_state, graph_cost, graph_use, hooks, targets
+from .. import dataloader_state, grad_stats, graph_cost, graph_use, hooks, targets
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..torch_support import get_torch
+
+# The models whose forwards are followed when the named method is not a module's, and how long
+# finding them may take (one pass over gc's objects, as ``torch grads`` makes).
+MAX_MODELS = 4
+MODEL_SEARCH_S = 1.0
+_WRAPPED = ("module", "_orig_mod")
 
 
 def handle_dataloader(ctx: Context) -> dict[str, Any]:
@@ -29,15 +35,16 @@ def handle_dataloader(ctx: Context) -> dict[str, Any]:
         raise CommandError(f"bad --sample {ctx.arg('sample')!r}", "seconds between 0 and 60", ERR_USAGE)
     timer = _timer(ctx) if sample > 0 else None
     spec = ctx.arg("target")
-    use = _graph_use(ctx, torch, spec) if spec and sample > 0 else None
+    followed = _graph_use(ctx, torch, spec) if spec and sample > 0 else None
+    use = followed[0] if followed else None
     try:
         result = dataloader_state.state(sample, cancelled=lambda: bool(ctx.cancelled), timer=timer)
     finally:
         if use is not None:
             use.close()
         ctx.remove_hooks()
-    if use is not None:
-        result["graph_use"] = use.summary(targets.resolve(spec).description)
+    if followed is not None:
+        result["graph_use"] = followed[0].summary(followed[1])
     if not result["loaders"]:
         result["note"] = ("no DataLoader object is alive in the target (none created yet, or the "
                           "program feeds its batches another way)")
@@ -55,13 +62,55 @@ def _timer(ctx: Context) -> dataloader_state.NextTimer | None:
     return timer
 
 
-def _graph_use(ctx: Context, torch: Any, spec: dict[str, Any]) -> graph_use.GraphUse | None:
-    """Follow the graphs the method's calls build (None for a generator or coroutine, whose
-    suspensions would not nest a thread-local hook pair)."""
-    if graph_cost.suspends(spec):
+def _graph_use(ctx: Context, torch: Any, spec: dict[str, Any]) -> tuple[graph_use.GraphUse, str] | None:
+    """Follow the graphs the model's forward passes build (None for a generator or coroutine,
+    whose suspensions would not nest a thread-local hook pair)."""
+    follow = [t for t in _followed(torch, spec) if not t.code.co_flags & graph_cost.SUSPENDS]
+    if not follow:
         return None
-    target = targets.resolve(spec)
     use = graph_use.GraphUse(torch)
-    ctx.add_hook(f"torch dataloader: graphs built by {target.description}",
-                 hooks.install(target, use.on_enter, use.on_exit))
-    return use
+    for target in follow:
+        ctx.add_hook(f"torch dataloader: graphs built by {target.description}",
+                     hooks.install(target, use.on_enter, use.on_exit))
+    return use, ", ".join(t.description for t in follow)
+
+
+def _followed(torch: Any, spec: dict[str, Any]) -> list[targets.Target]:
+    """What builds the graphs to follow: the named method when it is a module's (a forward,
+    or a submodule's); otherwise the forwards of the models the target holds. A step
+    (``optimizer.step``, a user's ``train_step``) saves nothing for backward itself, and an
+    evaluation pass runs outside it: whether a backward reads a graph is a question about the
+    model's forward calls wherever the loop makes them (issue 18: "judge grad-mode use by
+    whether a backward consumes the graph anywhere in the step, not inside the method")."""
+    named = targets.resolve(spec)
+    owner = targets.owner_class(spec)
+    if owner is not None and issubclass(owner, torch.nn.Module):
+        return [named]
+    return _model_forwards(torch) or [named]
+
+
+def _model_forwards(torch: Any) -> list[targets.Target]:
+    """``forward`` of each root model's class (biggest first), and of the module a wrapper
+    holds (DDP/DataParallel ``module``, torch.compile ``_orig_mod``): an evaluation written as
+    ``model.module(x)`` calls the inner forward only. Calls nest, so a training call through
+    the wrapper counts once (graph_use counts the outermost call)."""
+    try:
+        models = grad_stats.find_models(torch, seconds=MODEL_SEARCH_S)
+    except Exception:
+        return []
+    found: list[targets.Target] = []
+    codes: set[Any] = set()
+    try:
+        for root, _ in models[:MAX_MODELS]:
+            inner = getattr(root, "_modules", None) or {}
+            for module in (root, *(inner.get(k) for k in _WRAPPED if inner.get(k) is not None)):
+                try:
+                    target = targets.method_of(type(module), "forward")
+                except (KeyError, CommandError):
+                    continue
+                if target.code not in codes:
+                    codes.add(target.code)
+                    found.append(target)
+    finally:
+        models.clear()
+    return found
