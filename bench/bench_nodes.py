@@ -1,5 +1,5 @@
 """Multi-node job diagnosis, on one machine: two torchrun launchers (``--nnodes 2 --node-rank
-0/1``, static rendezvous, gloo) of the DDP trainer, 2 ranks per "node".
+0/1``, static rendezvous, or ``--rendezvous c10d``; gloo) of the DDP trainer, 2 ranks per "node".
 
     PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/bench_nodes.py [--repeat 3] [--cost 3]
 
@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,10 +53,13 @@ def verdict(doc: dict[str, Any]) -> list[dict[str, Any]]:
             and f["severity"] != "info"]
 
 
+RENDEZVOUS = "static"
+
+
 def multi_node(mode: str, tmp: Path, duration: str) -> tuple[float, dict[str, Any], bool, bool]:
     """(wall of the per-node diagnoses + merge, the merged report, own ranks only, all alive)."""
     trainer, env, _ = MODES[mode]
-    nodes = start_nodes(trainer, tmp, env={**FR, **env})
+    nodes = start_nodes(trainer, tmp, env={**FR, **env}, rendezvous=RENDEZVOUS)
     try:
         for n in nodes:
             n.wait_ready()
@@ -91,7 +95,7 @@ def one_node(mode: str, tmp: Path, duration: str) -> float:
         job.stop()
 
 
-def verdicts(repeat: int, modes: list[str], duration: str) -> None:
+def verdicts(repeat: int, modes: list[str], duration: str, keep: Path | None = None) -> None:
     print(f"merged verdicts, 2 nodes x 2 ranks, {repeat} fresh job(s) per mode:")
     for mode in modes:
         expected = MODES[mode][2]
@@ -99,6 +103,8 @@ def verdicts(repeat: int, modes: list[str], duration: str) -> None:
         for run in range(repeat):
             with tempfile.TemporaryDirectory() as tmp:
                 wall, doc, own, alive = multi_node(mode, Path(tmp), duration)
+                if keep is not None:  # the per-node outputs, to read a miss afterwards
+                    shutil.copytree(Path(tmp) / "diag", keep / f"{mode}-{run + 1}", symlinks=True)
             found = verdict(doc)
             got = [(f["rule"], f["ranks"], f.get("metrics", {}).get("nodes")) for f in found]
             if expected is None:
@@ -140,9 +146,14 @@ def main() -> None:
     ap.add_argument("--cost", type=int, default=3, help="interleaved pairs for the cost (0: skip)")
     ap.add_argument("--cost-mode", default="hang", choices=list(MODES))
     ap.add_argument("--duration", default="1.5")
+    ap.add_argument("--keep", type=Path, help="copy each run's per-node outputs here")
+    ap.add_argument("--rendezvous", choices=["static", "c10d"], default="static",
+                    help="static: --node-rank given; c10d: the rendezvous hands node ranks out")
     args = ap.parse_args()
+    global RENDEZVOUS
+    RENDEZVOUS = args.rendezvous
     if args.repeat:
-        verdicts(args.repeat, args.modes.split(","), args.duration)
+        verdicts(args.repeat, args.modes.split(","), args.duration, args.keep)
     if args.cost:
         cost(args.cost, args.cost_mode, args.duration)
 

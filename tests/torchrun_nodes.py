@@ -1,6 +1,11 @@
 """A 2-"node" torchrun job on one machine, for the multi-node tests and bench: two launchers
-(``--nnodes 2 --node-rank K``, static rendezvous on 127.0.0.1) of one job, each starting its
-node's ranks, as on two machines. Each launcher has its own session, so one signal stops a node.
+(``--nnodes 2``) of one job, each starting its node's ranks, as on two machines. Each launcher
+has its own session, so one signal stops a node.
+
+Rendezvous: ``static`` (``--node-rank K --master-addr``: the node ranks are the launch order) or
+``c10d`` (``--rdzv-backend c10d --rdzv-endpoint``, as elastic jobs and most clusters run: the
+rendezvous hands out the node ranks, in whichever order the launchers join, so a node's rank is
+read from its ranks' global ranks once they are up).
 """
 
 from __future__ import annotations
@@ -24,23 +29,34 @@ class NodeJob(Job):
     """One node's launcher of a multi-node job: ``Job`` with the multi-node launcher arguments."""
 
     def __init__(self, mode: str, node: int, nnodes: int, per_node: int, port: int,
-                 directory: Path, env: dict[str, str] | None = None) -> None:
+                 directory: Path, env: dict[str, str] | None = None,
+                 rendezvous: str = "static") -> None:
         self.node = node
+        self.per_node = per_node
         self._launch = ["-m", "torch.distributed.run", "--nnodes", str(nnodes),
-                        "--nproc-per-node", str(per_node), "--node-rank", str(node),
-                        "--master-addr", "127.0.0.1", "--master-port", str(port)]
+                        "--nproc-per-node", str(per_node)]
+        if rendezvous == "c10d":
+            self._launch += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                             "--rdzv-id", f"fp-test-{port}"]
+        else:
+            self._launch += ["--node-rank", str(node), "--master-addr", "127.0.0.1",
+                             "--master-port", str(port)]
         super().__init__(DDP_TRAINER, f"{mode}-node{node}", per_node, directory, env)
+
+    def wait_ready(self, timeout: float = 180.0) -> dict[int, int]:
+        pids = super().wait_ready(timeout)
+        self.node = min(pids) // self.per_node  # what the rendezvous gave this launcher
+        return pids
 
     def command(self, python: str, workload: Path, mode: str) -> list[str]:
         return [python, *self._launch, str(workload), mode.rsplit("-node", 1)[0], str(self.ready)]
 
 
 def start_nodes(mode: str, directory: Path, nnodes: int = 2, per_node: int = 2,
-                env: dict[str, str] | None = None) -> list[NodeJob]:
+                env: dict[str, str] | None = None, rendezvous: str = "static") -> list[NodeJob]:
     port = free_port()
-    return [NodeJob(mode, k, nnodes, per_node, port, directory, {**(env or {})})
+    return [NodeJob(mode, k, nnodes, per_node, port, directory, {**(env or {})}, rendezvous)
             for k in range(nnodes)]
-
 
 
 
