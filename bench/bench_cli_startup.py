@@ -13,9 +13,9 @@ alternating run by run so that load hits both alike), with bytecode compiled fir
                  ``--fresh`` targets per tree)                                 (target < 0.15 s)
 Medians of wall time and of the child's CPU time (user + system), and which heavy modules each
 command imported (``-X importtime``): torch never; rich (and typing, dataclasses: rich imports
-them) only to render a table; click and the command grammar not for ``PID --cmd status``
-(cli/fast_cmd.py); msgspec, the report engine and the injector not for a command to a running
-agent.
+them) only to render a table on a terminal (cli/plain_status.py prints status's for a script);
+click and the command grammar not for ``PID --cmd status`` (cli/fast_cmd.py); msgspec, the
+report engine and the injector not for a command to a running agent.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ Scenarios (the peer's figures, measured on this kind of machine, in shared/desig
   trace-all     the same with an unbounded queue: every call recorded, its tree built and
                 queued: the cost of one traced call                          (peer 20-50x)
   trace-small   a method making 50 small calls (~1 us each), every call recorded and sent
+  (the -all and -small figures run the command with -n N and count the process's CPU until
+  the N events are sent: the handler's and sender's work, trace's tree building included)
   elsewhere     `work` while a watch is active on another function           (should be 1.00x)
 """
 
@@ -129,8 +131,14 @@ class InProcessAgent:
     sender thread, encoding, batched writes) into /dev/null, as they would into a socket."""
 
     def __init__(self, cmd: str, args: dict[str, Any], unbounded: bool = False,
-                 saturate: bool = False) -> None:
+                 saturate: bool = False, drain: int = 0) -> None:
+        """``drain`` N: the command ends by itself after N calls (-n) and the measurement
+        waits for it, so what the handler and sender threads do with those calls (trace builds
+        its trees there, every event is encoded and written) is in the figure too."""
+        if drain:
+            args = dict(args, count=drain)
         self.unbounded = unbounded
+        self.drain = drain
         self.saturate = saturate
         self.sink = os.open(os.devnull, os.O_WRONLY)
         self.events = 0
@@ -191,7 +199,13 @@ def measure(
         with agent() as a:
             if a.saturate:  # reach the steady state of a flood first: the queue is full
                 loop(2 * QUEUE_MAX)
-            inst.append(loop(n))
+            if a.drain:  # the loop, then the command's own threads until all is sent
+                started = time.process_time()
+                loop(n)
+                a.thread.join(60)
+                inst.append(time.process_time() - started)
+            else:
+                inst.append(loop(n))
         result = dict(a.result, events_emitted=a.events)
     return min(base) / n, min(inst) / n, result
 
@@ -412,11 +426,12 @@ def main() -> None:
         "reported": (loop_work, n_work, lambda: InProcessAgent(
             "watch", {"target": target("work")}, saturate=True)),
         "reported-all": (loop_work, n_work // 4, lambda: InProcessAgent(
-            "watch", {"target": target("work")}, unbounded=True)),
+            "watch", {"target": target("work")}, unbounded=True, drain=n_work // 4)),
         "trace": (loop_step, n_step, lambda: InProcessAgent("trace", {"target": step}, saturate=True)),
-        "trace-all": (loop_step, n_step, lambda: InProcessAgent("trace", {"target": step}, unbounded=True)),
+        "trace-all": (loop_step, n_step, lambda: InProcessAgent(
+            "trace", {"target": step}, unbounded=True, drain=n_step)),
         "trace-small": (loop_step_small, n_small, lambda: InProcessAgent(
-            "trace", {"target": target("step_small", "Model")}, unbounded=True)),
+            "trace", {"target": target("step_small", "Model")}, unbounded=True, drain=n_small)),
         "elsewhere": (loop_work, n_work, lambda: InProcessAgent("watch", {"target": target("other")})),
     }
     if opts.only:

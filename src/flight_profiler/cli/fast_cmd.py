@@ -128,8 +128,13 @@ def run(planned: Plan) -> None:
 
         session = api.connect(planned.pid, timeout=planned.timeout)
         try:
+            plain = None
+            if planned.request.cmd == "status" and not planned.as_json:
+                from flight_profiler.cli import plain_status
+
+                plain = plain_status.render  # the table without importing rich, for a script
             completed = runner.execute(session, planned.request, planned.as_json,
-                                       planned.deadline)
+                                       planned.deadline, plain)
         finally:
             session.close()
         if not completed:  # execute() said so when it cancelled the request

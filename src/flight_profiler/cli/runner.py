@@ -13,7 +13,7 @@ from flight_profiler.client import RequestInterrupted, RequestTimeout
 TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
 
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
     from rich.console import Console
 
@@ -38,11 +38,13 @@ def print_json(data: Any) -> None:
 
 
 def execute(session: Session, req: AgentRequest, as_json: bool,
-            deadline: float | None = None) -> bool:
+            deadline: float | None = None,
+            plain: Callable[[dict[str, Any]], str | None] | None = None) -> bool:
     """Run one parsed request on ``session`` and render it. Returns False if interrupted.
 
     ``deadline``: seconds before the request is cancelled (None: its own limit plus a margin,
-    requests/deadlines.py).
+    requests/deadlines.py). ``plain(result)``: the result as text to print without rich, or
+    None to let rich render it (cli/plain_status.py).
 
     Ctrl-C during a stream sends ``cancel``: the agent removes the request's hooks and sends its
     final result, which is still rendered.
@@ -74,8 +76,11 @@ def execute(session: Session, req: AgentRequest, as_json: bool,
         result, interrupted = stopped.result, True
     else:
         interrupted = False
+    text = None if as_json or plain is None else plain(result)
     if as_json:
         print_json(result)
+    elif text is not None:
+        sys.stdout.write(text)
     else:
         shown.result(result, console())
     return not interrupted

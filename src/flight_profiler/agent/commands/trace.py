@@ -60,16 +60,20 @@ def make_recorder(
     """A ``sys.setprofile`` function recording the call-path tree below ``code``.
 
     Returns (profile function, root children, [node count, done flag]). A node is a list
-    ``[count, total_ns, children, what]``, ``what`` its code object (Python) or callable (C);
-    children are keyed by ``id(code)`` for Python (a code object's hash is recomputed from its
-    constants on every lookup: microseconds for a big function; the tree holds the code, so
-    the id stays its own) and by the callable for C. This runs on every call and return inside
-    the traced call, hence the closures over locals and the trick for inclusive time: a node
-    subtracts the clock when entered and adds it when left (a call path is on the stack at most
-    once, so no start time needs storing).
+    ``[count, total_ns, children, last_code, last_node, what]``, ``what`` its code object
+    (Python) or callable (C); children are keyed by ``id(code)`` for Python (a code object's
+    hash is recomputed from its constants on every lookup: microseconds for a big function; the
+    tree holds the code, so the id stays its own) and by the callable for C. This runs on every
+    call and return inside the traced call (several hundred times for a step of 50 small calls),
+    hence the closures over locals, and two tricks. Inclusive time: a node subtracts the clock
+    when entered and adds it when left (a call path is on the stack at most once, so no start
+    time needs storing). The last child: a node remembers the code it called last and that
+    child's node, so the loop calling one function over and over (the common shape) finds its
+    node by one identity test, with no id() and no dict lookup (bench_watch.py trace-small).
     """
     clock = _clock
     root: dict[Any, list[Any]] = {}
+    top: list[Any] = [0, 0, root, None, None, None]  # the traced call's parent (never counted)
     stack: list[list[Any]] = []
     push, pop = stack.append, stack.pop
     info = [0, 0]  # nodes, done
@@ -80,13 +84,25 @@ def make_recorder(
             if event == "call":
                 what = frame.f_code
                 if stack:
-                    children = stack[-1][2]
+                    parent = stack[-1]
                 elif what is code and not info[1]:
-                    children = root
+                    parent = top
                 else:
                     if info[1] and sys.getprofile() is profile:
                         sys.setprofile(None)  # over, but still set (its exit never ran)
                     return
+                if parent[3] is what:
+                    node = parent[4]
+                else:
+                    key = id(what)
+                    children = parent[2]
+                    found = children.get(key)
+                    node = found if found is not None else _new_node(children, key, what, info)
+                    parent[3] = what
+                    parent[4] = node
+                node[0] += 1
+                node[1] -= clock()
+                push(node)
             elif event == "return":
                 if stack:
                     node = pop()
@@ -95,7 +111,6 @@ def make_recorder(
                         info[1] = 1  # wrapper's own work after it would be events too)
                         if sys.getprofile() is profile:
                             sys.setprofile(None)
-                return
             elif not c_calls or not stack:
                 return
             elif event == "c_call":
@@ -113,17 +128,9 @@ def make_recorder(
                 node[0] += 1
                 node[1] -= clock()
                 push(node)
-                return
             else:  # c_return, c_exception
                 node = pop()
                 node[1] += clock()
-                return
-            key = id(what)
-            found = children.get(key)
-            node = found if found is not None else _new_node(children, key, what, info)
-            node[0] += 1
-            node[1] -= clock()
-            push(node)
         except BaseException as exc:
             info[1] = 1
             if sys.getprofile() is profile:
@@ -143,7 +150,7 @@ def _new_node(children: dict[Any, list[Any]], key: Any, what: Any, info: list[in
         node = children.get(key)
         if node is not None:
             return node
-    node = children[key] = [0, 0, {}, what]
+    node = children[key] = [0, 0, {}, None, None, what]
     info[0] += 1
     return node
 
@@ -175,7 +182,7 @@ def build_tree(
     """Render children to plain data: (shown nodes, hidden call count, hidden ns)."""
     shown: list[dict[str, Any]] = []
     hidden_calls = hidden_ns = 0
-    for count, total, sub, key in children.values():
+    for count, total, sub, _last, _last_node, key in children.values():
         if isinstance(key, types.CodeType):
             if key.co_filename.startswith(HOOK_FILE_PREFIX):
                 # a hook's wrapper (a watch elsewhere, a recursive call of the traced function):
@@ -215,7 +222,8 @@ class _State:
         self.filter_errors = 0
         self.first_filter_error = ""
         self.lock = threading.Lock()
-        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+        # calls recorded, each sent as the event _event builds of it
+        self.queue: collections.deque[tuple[Any, ...]] = collections.deque()
 
     def filter_failed(self, err: BaseException) -> bool:
         """The filter raised ``err``: the call does not match (True: reject it)."""
@@ -298,15 +306,26 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
                 return
         shift = depth_guard.bounded()  # reprs may recurse: bounded
         try:
-            state.queue.append(_event(n, root, info, value, exc, elapsed, args))
+            # What only this thread may do (render the arguments, name the thread); the tree
+            # is built by the handler thread when it sends the event (:func:`_event`): the
+            # traced thread pays for recording only, and on 3.12+ runs fewer functions between
+            # switching its profiler on and off (each switch re-instruments every function run
+            # after it, one of the largest costs of a small traced call).
+            state.queue.append((
+                n, time.time(), threading.current_thread().name, elapsed,
+                values.render(args[1:] if target.bound_first else args, 1),
+                values.render_exception(exc) if exc is not None else None, info[0], root,
+            ))
         finally:
             depth_guard.release(shift)
 
-    def _event(n: int, root: dict[Any, list[Any]], info: list[int], value: Any, exc: Any,
-               elapsed: int, args: tuple[Any, ...]) -> dict[str, Any]:
+    def _event(record: tuple[Any, ...]) -> dict[str, Any]:
+        """A queued call as the event sent: its tree built here, on the handler thread (the
+        recording is over: nothing writes the nodes any more)."""
+        n, ts, thread, elapsed, params, exception, nodes, root = record
         # the target call itself is the single root; its children are what it called
-        nodes = list(root.values())
-        body: dict[Any, list[Any]] = nodes[0][2] if nodes else {}
+        roots = list(root.values())
+        body: dict[Any, list[Any]] = roots[0][2] if roots else {}
         kids, hc, hn = build_tree(body, min_ns, max_depth)
         tree: dict[str, Any] = {
             "name": target.description, "file": target.code.co_filename,
@@ -316,14 +335,10 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             tree["children"] = kids
         if hc:
             tree["hidden"] = {"count": hc, "ms": hn / 1e6}
-        event = {
-            "type": "trace", "n": n, "ts": time.time(), "thread": threading.current_thread().name,
-            "cost_ms": elapsed / 1e6,
-            "params": values.render(args[1:] if target.bound_first else args, 1),
-            "exception": values.render_exception(exc) if exc is not None else None,
-            "nodes": info[0], "tree": tree,
+        return {
+            "type": "trace", "n": n, "ts": ts, "thread": thread, "cost_ms": elapsed / 1e6,
+            "params": params, "exception": exception, "nodes": nodes, "tree": tree,
         }
-        return event
 
     gate = Gate(state, state.filter_failed, on_exit, entry=condition if entry_filter else "",
                 bound_first=target.bound_first, on_pass_enter=start)
@@ -335,7 +350,7 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
         "depth": asked_depth,
         "count": limit, "filter": condition, "c_calls": c_calls,
     })
-    pump = Pump(ctx, state, started, timeout)
+    pump = Pump(ctx, state, started, timeout, build=_event)
     reason = pump.run()
     remove()
     with state.lock:

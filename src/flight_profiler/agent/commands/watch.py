@@ -312,7 +312,7 @@ _bounded, _getlimit, _SAFE_LIMIT = depth_guard.bounded, sys.getrecursionlimit, d
 class PumpState(Protocol):
     """What a :class:`Pump` reads and writes of a command's state (watch's and trace's)."""
 
-    queue: collections.deque[dict[str, Any]]
+    queue: collections.deque[Any]
     dropped: int
     stopped: bool
     first_filter_error: str
@@ -328,8 +328,12 @@ class Pump:
 
     FINAL_S = 1.0  # after the hook is gone, at most this long to send what was queued
 
-    def __init__(self, ctx: Context, state: PumpState, started: float, timeout: float) -> None:
+    def __init__(self, ctx: Context, state: PumpState, started: float, timeout: float,
+                 build: Callable[[Any], dict[str, Any]] | None = None) -> None:
+        """``build`` makes the event of a queued item (trace queues records and builds their
+        trees here, on the handler thread); without it the items are the events."""
         self.ctx = ctx
+        self.build = build
         self.state = state
         self.deadline = started + timeout if timeout else None
         self.sent = 0
@@ -348,7 +352,15 @@ class Pump:
             if until is not None and time.monotonic() >= until:
                 break
             self.report_drops()  # as they happen, not after a long backlog
-            if not ctx.emit(state.queue.popleft()):
+            event = state.queue.popleft()
+            if self.build is not None:
+                try:
+                    event = self.build(event)
+                except Exception as exc:  # never the pump's end: that one is lost, counted
+                    shield.swallow(exc)
+                    state.dropped += 1
+                    continue
+            if not ctx.emit(event):
                 state.dropped += 1  # the client went away with this one in hand
                 return
             self.sent += 1

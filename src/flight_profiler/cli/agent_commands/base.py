@@ -32,14 +32,15 @@ def txt(value: object, limit: int | None = DEFAULT_LIMIT) -> str:
     return safe_markup(value, limit)
 
 
-def fmt(value: object, spec: str, default: str = "?") -> str:
-    """A number from the agent formatted with ``spec``; ``default`` when it is not one."""
+def fmt(value: object, spec: str, default: str = "?", text: Callable[..., str] = txt) -> str:
+    """A number from the agent formatted with ``spec``; ``default`` when it is not one, and
+    ``text(value, 40)`` when it is something else."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default if value is None else txt(value, 40)
+        return default if value is None else text(value, 40)
     try:
         return format(value, spec)
     except (ValueError, OverflowError):  # e.g. a NaN given to an integer format
-        return txt(value, 40)
+        return text(value, 40)
 
 
 def render_json(data: dict[str, Any], console: Console) -> None:

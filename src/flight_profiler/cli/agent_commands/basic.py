@@ -7,39 +7,50 @@ from flight_profiler.cli.agent_commands.base import fmt, txt
 TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
 
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
     from rich.console import Console
 
 
-def render_status(data: dict[str, Any], console: Console) -> None:
-    from rich.table import Table
-
+def status_rows(data: dict[str, Any], text: Callable[..., str],
+                number: Callable[[object, str], str]) -> list[tuple[str, str]]:
+    """The status table's rows: ``text(value[, limit])`` and ``number(value, spec)`` make a
+    value printable (txt and fmt for rich; cli/plain_status.py gives plain-text ones)."""
     py = data.get("python") or {}
     torch = data.get("torch") or {}
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("agent", f"{txt(data.get('agent_version'), 80)} (up {fmt(data.get('uptime_s'), '.1f')}s)")
-    table.add_row("pid", fmt(data.get("pid"), "d"))
-    table.add_row("python", f"{txt(py.get('version'), 80)} {txt(py.get('executable'))}")
-    table.add_row("argv", txt(" ".join(py.get("argv") or [])))
+    rows = [
+        ("agent", f"{text(data.get('agent_version'), 80)} (up {number(data.get('uptime_s'), '.1f')}s)"),
+        ("pid", number(data.get("pid"), "d")),
+        ("python", f"{text(py.get('version'), 80)} {text(py.get('executable'))}"),
+        ("argv", text(" ".join(py.get("argv") or []))),
+    ]
     threads = data.get("threads") or {}
-    table.add_row("threads", f"{fmt(threads.get('total'), 'd')} ({fmt(threads.get('agent'), 'd')} of "
-                             "them the agent's)")
+    rows.append(("threads", f"{number(threads.get('total'), 'd')} ({number(threads.get('agent'), 'd')} of "
+                            "them the agent's)"))
     if torch.get("imported"):
         cuda = torch.get("cuda_available")
         cuda_text = ("CUDA available" if cuda is True else "CUDA not available" if cuda is False
                      else "CUDA unknown")
         if torch.get("cuda_error"):
-            cuda_text += f" ({txt(torch['cuda_error'], 400)})"
-        table.add_row("torch", f"{txt(torch.get('version'), 80)}, {cuda_text}")
+            cuda_text += f" ({text(torch['cuda_error'], 400)})"
+        rows.append(("torch", f"{text(torch.get('version'), 80)}, {cuda_text}"))
     elif torch.get("importing"):
-        table.add_row("torch", "being imported by the target right now (ask again in a few seconds)")
+        rows.append(("torch", "being imported by the target right now (ask again in a few seconds)"))
     else:
-        table.add_row("torch", "not imported by the target")
+        rows.append(("torch", "not imported by the target"))
     hooks = data.get("active_hooks") or []
-    table.add_row("instrumentation", "\n".join(txt(h) for h in hooks) if hooks else "none")
+    rows.append(("instrumentation", "\n".join(text(h) for h in hooks) if hooks else "none"))
+    return rows
+
+
+def render_status(data: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in status_rows(data, txt, fmt):
+        table.add_row(label, value)
     console.print(table)
     if data.get("arm"):
         from flight_profiler.cli.agent_commands.arm import render_trigger_list
