@@ -241,17 +241,18 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
     slow = slow_ranks(figs) if len(figs) >= 2 else []
     if not slow:
         return _from_flight_recorder(ctx, fr) if len(figs) < 2 else []
-    fast = [r for r in figs if r not in slow]
     worst = max(slow, key=lambda r: _gap(r, figs))
+    kind, excess, line = _kind(ctx, worst, figs)
+    busy: list[int] = []
+    if kind != "slower":
+        # A rank that only runs the same operators slower (a busy host's cores) is not named
+        # beside one with work of its own to show: alone it would be said, not warned about.
+        busy = [r for r in slow if r != worst and _kind(ctx, r, figs)[0] == "slower"]
+        slow = [r for r in slow if r not in busy]
+    fast = [r for r in figs if r not in slow]
     w = figs[worst]
     others_wait = median([figs[r]["wait_pct"] for r in fast])
     gap = _gap(worst, figs)
-    kind, excess, line = _cause(worst, figs)
-    if w["steps_window"] and excess < 0.5 * gap:
-        # Traces of the method's calls only: what the others wait for happens between them.
-        kind, excess, line = "outside", gap, _seen_at(ctx, worst)
-    if kind in ("compute", "other") and not _more_work(worst, figs):
-        kind, line = "slower", None
     # No extra work to show (the same operators, slower; or time between the method's calls that
     # no sample placed): a busy host does that too, so it is said, not warned about.
     severity = "info" if kind == "slower" or (kind == "outside" and line is None) else "warning"
@@ -275,6 +276,9 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
     if kind in ("compute", "slower"):
         where += [f"rank {r}: {name} ({fmt_us(us)} self time)" for r in slow for name, us in figs[r]["top_ops"]]
     evidence = _evidence(figs) + _fr_agreement(fr, slow) + lag_lines(fr)
+    evidence += [f"rank {r} also waits less than the others ({fmt_pct(figs[r]['wait_pct'])} of its "
+                 "window) but runs no more work: the same operators, slower (its host's load); "
+                 "not named" for r in busy]
     if fr_note:
         evidence.append(fr_note)
     return [Finding(
@@ -304,6 +308,19 @@ def straggler_findings(ctx: Context, figs: dict[int, dict[str, Any]], fr: Flight
                  "compute_ratio": _ratio(worst, figs),
                  "flight_recorder_latest": fr.latest()},
     )]
+
+
+def _kind(ctx: Context, r: int, figs: dict[int, dict[str, Any]]) -> tuple[str, float, str | None]:
+    """What slow rank r does with the time the others wait for it (a kind of :data:`_DOING`),
+    by how much per step, and where."""
+    kind, excess, line = _cause(r, figs)
+    gap = _gap(r, figs)
+    if figs[r]["steps_window"] and excess < 0.5 * gap:
+        # Traces of the method's calls only: what the others wait for happens between them.
+        kind, excess, line = "outside", gap, _seen_at(ctx, r)
+    if kind in ("compute", "other") and not _more_work(r, figs):
+        kind, line = "slower", None
+    return kind, excess, line
 
 
 def _ratio(r: int, figs: dict[int, dict[str, Any]]) -> float | None:
