@@ -197,9 +197,9 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "--timeout 7",
         "torch dataloader __main__ train_step --sample 2",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
-        f"torch memory -s -f {out}/snapshot-after.pickle",
         f"torch tensors __main__ train_step -f {out}/census-after.json --diff {out}/census-middle.json "
         "--timeout 7",
+        f"torch memory -s -f {out}/snapshot-after.pickle",
         f"torch grads __main__ train_step -n 4 -f {out}/grads.json --timeout 7",
     ]
     assert driver.lines == expected

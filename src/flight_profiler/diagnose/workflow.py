@@ -11,10 +11,11 @@ method) ends the diagnosis, since every later phase would fail the same way.
 Order matters: the "before" census comes first, a "middle" census at least half of
 ``options.duration`` later, the "after" one last with at least ``options.duration`` seconds of
 the job running in between, so that the report engine can judge growth over three censuses; the
-memory snapshots are taken just inside that window (the workflow waits there on a fast loop, so
-they cost no wall time); the profile comes before watch/trace so that their hooks cannot
-distort it. While it waits, the workflow loads the artefacts already written for the report
-(outputs.Preloader), which it would otherwise do after the last phase.
+memory summary and the "before" snapshot are taken just inside that window (the workflow waits
+there on a fast loop, so they cost no wall time), the "after" snapshot after it; the profile
+comes before watch/trace so that their hooks cannot distort it. While it waits, the workflow
+loads the artefacts already written for the report (preload.Preloader), which it would
+otherwise do after the last phase.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ PROFILE_CALLS = 5
 # 5 closure calls), and 3 whole steps are what the report's per-step figures need.
 HEAVY_CALLS = 3
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
-# on 5 as well as on 10, and 10 LBFGS steps took 2-3 s of the diagnosis here.
+# on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
 # The profile's answer comes after torch exports the trace inside the target: a 5 s with_stack
 # window of a GAN's loop on a loaded 2-core box took longer than the window's own timeout plus
@@ -337,8 +338,8 @@ PhaseFn = Callable[[Run, PhaseResult], None]
 
 # The census window (census-before to census-after) lasts --duration at least, and on a fast
 # loop its phases take less: the workflow waits. So every phase whose moment does not matter
-# runs inside it, where it costs no wall time (the memory summary and both snapshots: 0.2-0.6 s
-# a diagnosis here), not before or after it.
+# runs inside it, where it costs no wall time (the memory summary and the first snapshot:
+# 0.2-0.5 s a diagnosis here), not before it.
 PHASES: list[tuple[str, str, PhaseFn]] = [
     ("status", "Check the target (torch, CUDA)", phase_status),
     ("locate", "Find the method and wait for a call", phase_locate),
@@ -351,8 +352,9 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
     ("census-middle", "Tensor census (middle)", phase_census_middle),
     ("input", "DataLoaders, and where the loop waits", phase_input),
     ("trace", "Trace where the time goes", phase_trace),
-    ("snapshot-after", "Memory snapshot (after)", phase_snapshot_after),
     ("census-after", "Tensor census (after)", phase_census_after),
+    # After the wait, not inside it: the two snapshots stay --duration apart, as the censuses.
+    ("snapshot-after", "Memory snapshot (after)", phase_snapshot_after),
     # Last of the live phases: its per-call hooks make the measured calls' graphs hold Python
     # tensor objects, which a census taken after it would count as new, unreached tensors.
     ("grads", "Gradient health (and the first NaN)", phase_grads),
