@@ -184,9 +184,10 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
     expected = [
         "status",
         "watch __main__ train_step --expr cost -n 1 --timeout 7",
+        f"torch tensors __main__ train_step -f {out}/census-before.json --timeout 7",
+        # inside the census window, where a fast loop's diagnosis waits anyway
         "torch memory",
         f"torch memory -s -f {out}/snapshot-before.pickle",
-        f"torch tensors __main__ train_step -f {out}/census-before.json --timeout 7",
         f"torch profile __main__ train_step --window --duration 0.1 -n 4 -f {out}/profile.json.gz "
         "--profile-memory --with-stack --timeout 7",
         f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7",

@@ -295,7 +295,8 @@ def target_uids(pid: int) -> set[int]:
         return set()
 
 
-def analyze_artefacts(paths: list[str], owners: set[int] | None = None) -> Report:
+def analyze_artefacts(paths: list[str], owners: set[int] | None = None,
+                      loaded: dict[str, InputResult] | None = None) -> Report:
     """The report engine over the artefacts a target's agent wrote.
 
     In a directory another user may write (root diagnosing that user's job: the output
@@ -306,6 +307,8 @@ def analyze_artefacts(paths: list[str], owners: set[int] | None = None) -> Repor
     descriptor into a fresh private directory of ours, and the engine reads it there through
     that directory's descriptor: never by its name again. One that fails is reported as
     unreadable, and not one of its bytes is read. Paths in the report are the artefacts' own.
+    ``loaded``: artefacts loaded already (preload.py), used only for those read by their own
+    names, i.e. in a directory that no one else may write.
     """
     from flight_profiler.report import analyze
 
@@ -335,7 +338,8 @@ def analyze_artefacts(paths: list[str], owners: set[int] | None = None) -> Repor
                     continue
                 readable.append(alias)
                 shown[alias] = p
-        report = analyze(readable) if readable else Report(inputs=[], findings=[])
+        own = {p: i for p, i in (loaded or {}).items() if p in readable and p not in shown}
+        report = analyze(readable, loaded=own) if readable else Report(inputs=[], findings=[])
     finally:
         for holder in private:
             holder.close()

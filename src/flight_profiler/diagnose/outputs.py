@@ -20,6 +20,7 @@ from flight_profiler.diagnose import evidence
 
 if TYPE_CHECKING:
     from flight_profiler.errors import FlightProfilerError
+    from flight_profiler.report.models import InputResult
 
 from flight_profiler.diagnose.model import FAILED, OK, SKIPPED, DiagnoseResult, PhaseResult
 
@@ -27,8 +28,9 @@ REPORT_FILES = {"md": "report.md", "json": "report.json", "html": "report.html"}
 DIAGNOSE_JSON = "diagnose.json"
 
 
-def build_report(result: DiagnoseResult) -> PhaseResult:
-    """Analyse the artefacts and write report.{md,json,html} into the output directory."""
+def build_report(result: DiagnoseResult, loaded: dict[str, InputResult] | None = None) -> PhaseResult:
+    """Analyse the artefacts and write report.{md,json,html} into the output directory;
+    ``loaded``: artefacts already loaded while the workflow waited (preload.py), by path."""
     phase = PhaseResult("report", "Report", started=time.time())
     started = time.monotonic()
     paths = [f for f in result.artefacts if os.path.lexists(f)]
@@ -39,7 +41,8 @@ def build_report(result: DiagnoseResult) -> PhaseResult:
         from flight_profiler.render.formats import render_report
 
         # through descriptors where the target's user could have swapped an artefact
-        report = evidence.analyze_artefacts(paths, evidence.target_uids(result.options.pid))
+        report = evidence.analyze_artefacts(paths, evidence.target_uids(result.options.pid),
+                                            loaded)
         # Live evidence no artefact carries (the loop's share, the loaders' settings).
         report.findings = evidence.merge(result, report.findings, report.inputs)
         result.report = report

@@ -8,11 +8,12 @@ training.py import it without importing the workflow that imports them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flight_profiler.diagnose.driver import Driver
 from flight_profiler.diagnose.model import DiagnoseOptions, PhaseResult
+from flight_profiler.diagnose.preload import Preloader
 from flight_profiler.diagnose.progress import Progress
 from flight_profiler.errors import FlightProfilerError
 from flight_profiler.requests import AgentRequest
@@ -63,6 +64,8 @@ class Run:
     census_before_at: float = 0.0
     watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
     first_call_ms: float | None = None  # the cost of the call the locate phase saw
+    artefacts: list[str] = field(default_factory=list)  # written by the phases so far
+    preloader: Preloader = field(default_factory=Preloader)  # the report's inputs, ahead of it
 
     def calls_for(self, heavy_cap: int) -> int:
         """Calls a costly phase observes: ``--calls``, or at most ``heavy_cap`` when one call

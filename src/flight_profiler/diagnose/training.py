@@ -29,7 +29,8 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
     o = run.options
     path = run.path("grads.json")
     method = o.target is not None and bool(run.method_called)
-    calls = max(GRAD_CALLS_MIN, min(o.calls, 5))
+    # A costly call (a whole LBFGS step) gets the least that shows growth, like record and trace.
+    calls = max(GRAD_CALLS_MIN, min(run.calls_for(GRAD_CALLS_MIN), 5))
     try:
         if method:
             assert o.target is not None

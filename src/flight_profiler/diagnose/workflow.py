@@ -8,10 +8,14 @@ torch not imported, no method given, the method not called in time). A phase tha
 skipped never stops the others; only a target that does not exist (a typo in the module or
 method) ends the diagnosis, since every later phase would fail the same way.
 
-Order matters: the "before" snapshot and census come first, a "middle" census at least half of
-``options.duration`` later, the "after" ones last with at least ``options.duration`` seconds of
+Order matters: the "before" census comes first, a "middle" census at least half of
+``options.duration`` later, the "after" one last with at least ``options.duration`` seconds of
 the job running in between, so that the report engine can judge growth over three censuses; the
-profile comes before watch/trace so that their hooks cannot distort it.
+memory summary and the "before" snapshot are taken just inside that window (the workflow waits
+there on a fast loop, so they cost no wall time), the "after" snapshot after it; the profile
+comes before watch/trace so that their hooks cannot distort it. While it waits, the workflow
+loads the artefacts already written for the report (preload.Preloader), which it would
+otherwise do after the last phase.
 """
 
 from __future__ import annotations
@@ -51,8 +55,13 @@ WINDOW_SAMPLE_S = 3.0
 # report needs; every profiled step of a Python-heavy loop costs seconds (the profiler records
 # each operator and Python call) and megabytes of trace.
 PROFILE_CALLS = 5
-# Calls recorded and traced when one call of the method is costly (Run.calls_for).
+# Calls recorded, traced and profiled when one call of the method is costly (Run.calls_for):
+# each such call is a whole step of seconds under the profiler or the tracer (an LBFGS step:
+# 5 closure calls), and 3 whole steps are what the report's per-step figures need.
 HEAVY_CALLS = 3
+# Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
+# on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
+HEAVY_WATCH_CALLS = 5
 # The profile's answer comes after torch exports the trace inside the target: a 5 s with_stack
 # window of a GAN's loop on a loaded 2-core box took longer than the window's own timeout plus
 # the backstop (the phase was cancelled and its trace lost, 1 run in 2 at load 15). The CLI's
@@ -146,7 +155,10 @@ def _let_it_run(run: Run, seconds: float) -> None:
         left = seconds - (time.monotonic() - run.census_before_at)
         if left > 0:
             run.progress.waiting(f"letting the job run {left:.0f}s more to measure growth")
-            time.sleep(left)
+            run.preloader.warm(run.artefacts, left)  # the report's loading, done meanwhile
+            left = seconds - (time.monotonic() - run.census_before_at)
+            if left > 0:
+                time.sleep(left)
 
 
 def phase_census_before(run: Run, phase: PhaseResult) -> None:
@@ -172,7 +184,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         # All threads around the next calls: whole steps, wherever the method runs in them
         # (a forward's outputs are freed and its graph used by the backward after it returns);
         # the report finds the step from the marked calls and optimizer steps.
-        calls = min(o.calls, PROFILE_CALLS)
+        calls = min(run.calls_for(HEAVY_CALLS), PROFILE_CALLS)
         request = torch_requests.profile(run.words(), calls=calls, window=True,
                                          duration=o.duration, file=path, profile_memory=True,
                                          with_stack=True, timeout=o.timeout)
@@ -218,16 +230,17 @@ def phase_watch(run: Run, phase: PhaseResult) -> None:
     run.require_method()
     o = run.options
     assert o.target is not None
+    calls = run.calls_for(HEAVY_WATCH_CALLS)
     try:
-        request = hooks.watch(run.words(), expr="cost", count=o.calls, timeout=o.timeout)
-        result = run.command(phase, request, expect_calls=o.calls)
+        request = hooks.watch(run.words(), expr="cost", count=calls, timeout=o.timeout)
+        result = run.command(phase, request, expect_calls=calls)
     except PhaseTimeout as exc:
         # Some calls may have been seen: their spread is still worth reporting.
         _summarise_watch(phase, exc.partial or {})
         raise
     _summarise_watch(phase, result)
     run.watch_loop = phase.data.get("loop")
-    _note_partial(phase, {"calls_recorded": phase.data["cost"].get("calls", 0)}, o.calls)
+    _note_partial(phase, {"calls_recorded": phase.data["cost"].get("calls", 0)}, calls)
 
 
 def _note_partial(phase: PhaseResult, result: dict[str, Any], wanted: int) -> None:
@@ -323,12 +336,16 @@ def phase_census_after(run: Run, phase: PhaseResult) -> None:
 
 PhaseFn = Callable[[Run, PhaseResult], None]
 
+# The census window (census-before to census-after) lasts --duration at least, and on a fast
+# loop its phases take less: the workflow waits. So every phase whose moment does not matter
+# runs inside it, where it costs no wall time (the memory summary and the first snapshot:
+# 0.2-0.5 s a diagnosis here), not before it.
 PHASES: list[tuple[str, str, PhaseFn]] = [
     ("status", "Check the target (torch, CUDA)", phase_status),
     ("locate", "Find the method and wait for a call", phase_locate),
+    ("census-before", "Tensor census (before)", phase_census_before),
     ("memory", "Memory state", phase_memory),
     ("snapshot-before", "Memory snapshot (before)", phase_snapshot_before),
-    ("census-before", "Tensor census (before)", phase_census_before),
     ("profile", "Profile with memory", phase_profile),
     ("record", "Record allocations during the method", phase_record),
     ("watch", "Watch the method's cost", phase_watch),
@@ -336,6 +353,7 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
     ("input", "DataLoaders, and where the loop waits", phase_input),
     ("trace", "Trace where the time goes", phase_trace),
     ("census-after", "Tensor census (after)", phase_census_after),
+    # After the wait, not inside it: the two snapshots stay --duration apart, as the censuses.
     ("snapshot-after", "Memory snapshot (after)", phase_snapshot_after),
     # Last of the live phases: its per-call hooks make the measured calls' graphs hold Python
     # tensor objects, which a census taken after it would count as new, unreached tensors.
@@ -384,11 +402,12 @@ def run_diagnosis(driver: Driver, options: DiagnoseOptions, progress: Progress |
             progress.close()
             raise exc.error from None
         result.phases.append(phase)
+        run.artefacts.extend(phase.files)
         progress.done(phase)
     from flight_profiler.diagnose.outputs import build_report, write_diagnose_json
 
     progress.phase(total, total, "Report")
-    phase = build_report(result)
+    phase = build_report(result, run.preloader.taken(result.artefacts))
     result.phases.append(phase)
     progress.done(phase)
     result.finished = time.time()

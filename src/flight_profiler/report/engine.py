@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flight_profiler.report.cost import settle
@@ -73,8 +73,14 @@ def _series_data(ctx: Context) -> list[dict[str, Any]]:
 PARALLEL_MIN_BYTES = 48 << 20
 
 
-def _load_all(files: list[str], jobs: int | None) -> list[InputResult]:
-    """Load inputs, several at a time in worker processes when they are big (several ranks)."""
+def _load_all(files: list[str], jobs: int | None,
+              loaded: Mapping[str, InputResult] | None = None) -> list[InputResult]:
+    """Load inputs, several at a time in worker processes when they are big (several ranks);
+    those in ``loaded`` (by path) were loaded already."""
+    if loaded:
+        todo = [f for f in files if f not in loaded]
+        fresh = dict(zip(todo, _load_all(todo, jobs))) if todo else {}
+        return [loaded[f] if f in loaded else fresh[f] for f in files]
     if jobs is None:
         jobs = int(os.environ.get("FP_REPORT_JOBS", "0") or 0) or (os.cpu_count() or 1)
     if jobs > 1 and len(files) > 1:
@@ -93,14 +99,16 @@ def _load_all(files: list[str], jobs: int | None) -> list[InputResult]:
     return [load_one(f) for f in files]
 
 
-def analyze(paths: Iterable[str], jobs: int | None = None) -> Report:
+def analyze(paths: Iterable[str], jobs: int | None = None,
+            loaded: Mapping[str, InputResult] | None = None) -> Report:
     """Diagnose traces, memory snapshots and tensor censuses; never raises for a bad file.
 
     ``jobs``: worker processes for big multi-file inputs (default: CPU count, or
-    $FP_REPORT_JOBS; 1 = all in this process)."""
+    $FP_REPORT_JOBS; 1 = all in this process). ``loaded``: inputs the caller has loaded already
+    (``load_one``), by path: diagnose loads its first artefacts while it waits for the job."""
     notes: list[InputResult] = []  # directories whose walk stopped at a cap
     walked: set[str] = set()
-    inputs = _load_all(expand([os.fspath(p) for p in paths], notes, walked), jobs)
+    inputs = _load_all(expand([os.fspath(p) for p in paths], notes, walked), jobs, loaded)
     # diagnose.json / report.json in a diagnose directory: not inputs, not worth a warning.
     inputs = [i for i in inputs if not (i.kind == OWN_OUTPUT and i.path in walked)] + notes
     ctx = build_context(inputs)

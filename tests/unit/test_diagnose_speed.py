@@ -1,0 +1,166 @@
+"""What keeps `diagnose` on a method under 10 s (issue 18): a costly method is observed for
+fewer calls, the phases whose moment does not matter run inside the census window, and the
+report's inputs are loaded while the workflow waits there for the job.
+
+Against the fake driver of test_diagnose_workflow (the agent's answers, real report engine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_diagnose_workflow import FakeDriver
+
+from flight_profiler.diagnose import preload
+from flight_profiler.diagnose.model import DiagnoseOptions, MethodTarget
+from flight_profiler.diagnose.workflow import run_diagnosis
+from flight_profiler.report import engine, loaders
+
+
+def _options(tmp_path: Path, calls: int, duration: float = 0.1) -> DiagnoseOptions:
+    return DiagnoseOptions(pid=4242, out_dir=str(tmp_path / "out"),
+                           target=MethodTarget.parse(["__main__", "train_step"]),
+                           calls=calls, duration=duration, timeout=7.0)
+
+
+def _first_call_costs(ms: float) -> FakeDriver:
+    """A fake whose locate phase sees one call of ``ms`` milliseconds."""
+    def locate(words: list[str], on_event: Any) -> dict[str, Any]:
+        on_event({"type": "call", "n": 1, "cost_ms": ms, "ts": 1000.0, "thread": "MainThread"})
+        return {"reason": "count", "matched": 1, "target": "__main__.train_step"}
+
+    return FakeDriver(overrides={"watch __main__ train_step --expr cost -n 1 ": locate})
+
+
+def _calls_asked(driver: FakeDriver) -> dict[str, int]:
+    """-n of each command that observes calls, by its first words."""
+    out: dict[str, int] = {}
+    for line in driver.lines[2:]:  # after status and locate
+        words = shlex.split(line)
+        if "-n" in words:
+            name = " ".join(words[:2]) + (" -r" if "-r" in words else "")
+            out[name] = int(words[words.index("-n") + 1])
+    return out
+
+
+def test_a_costly_method_is_observed_for_fewer_calls(tmp_path: Path) -> None:
+    # GIVEN a method whose one call takes 80 ms (a whole LBFGS step takes 250 ms or more), and
+    # --calls 10
+    driver = _first_call_costs(80.0)
+    # WHEN it is diagnosed
+    run_diagnosis(driver, _options(tmp_path, calls=10))
+    # THEN the profile holds 3 of its calls (3 whole steps, per call or around), not 5; its cost
+    # is watched over 5 calls, not 10; gradients are measured after 3 calls, not 5; recording
+    # and tracing stay at 3
+    assert _calls_asked(driver) == {
+        "torch profile": 3, "torch memory -r": 3, "watch __main__": 5, "trace __main__": 3,
+        "torch grads": 3}
+
+
+def test_a_cheap_method_keeps_the_calls_asked_for(tmp_path: Path) -> None:
+    driver = _first_call_costs(10.0)
+    run_diagnosis(driver, _options(tmp_path, calls=10))
+    assert _calls_asked(driver) == {
+        "torch profile": 5, "torch memory -r": 10, "watch __main__": 10, "trace __main__": 10,
+        "torch grads": 5}
+
+
+def test_the_wait_for_growth_loads_the_report_inputs_written_so_far(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a fast loop: its phases take far less than --duration, so the workflow waits
+    driver = FakeDriver()
+    loads: list[tuple[str, int]] = []  # (file, commands sent by then)
+    real = loaders.load_one
+
+    def counted(path: str) -> Any:
+        loads.append((os.path.basename(path), len(driver.lines)))
+        return real(path)
+
+    monkeypatch.setattr(loaders, "load_one", counted)
+    monkeypatch.setattr(engine, "load_one", counted)
+    # WHEN it is diagnosed
+    result = run_diagnosis(driver, _options(tmp_path, calls=4, duration=1.0))
+    # THEN the profile and the census before were loaded during the wait, before the last census
+    # was asked for, and not again by the report
+    last_census = next(i for i, ln in enumerate(driver.lines) if "census-after.json" in ln)
+    by_file: dict[str, list[int]] = {}
+    for name, sent in loads:
+        by_file.setdefault(name, []).append(sent)
+    for name in ("profile.json.gz", "census-before.json", "snapshot-before.pickle"):
+        assert len(by_file[name]) == 1 and by_file[name][0] <= last_census, (name, loads)
+    # every artefact is in the report once, and the verdict is the one of a report that loads
+    # them all itself
+    written = [f for p in result.phases if p.name != "report" for f in p.files]
+    assert sorted(by_file) == sorted(os.path.basename(f) for f in written)
+    assert all(len(v) == 1 for v in by_file.values()), loads
+    assert result.report is not None
+    assert result.report.findings[0].rule == "graph-retention"
+    report = json.loads((Path(result.options.out_dir) / "report.json").read_text())
+    assert {os.path.basename(i["path"]) for i in report["inputs"]} == set(by_file)
+
+
+def _census_file(path: Path, count: int) -> None:
+    path.write_text(json.dumps({"format": "flight_profiler.census", "version": 1, "pid": 1,
+                                "time": 1.0, "totals": {"count": count, "bytes": 4 * count,
+                                                        "with_grad_fn": 0, "graph_bytes": 0},
+                                "holders": []}))
+
+
+def test_a_file_replaced_since_it_was_loaded_is_loaded_again(tmp_path: Path) -> None:
+    path = tmp_path / "census-before.json"
+    _census_file(path, 1)
+    loader = preload.Preloader()
+    loader.warm([str(path)], 5.0)
+    # the agent (or anyone) renames another file over it: the early load is stale
+    other = tmp_path / "new.json"
+    _census_file(other, 22)
+    os.replace(other, path)
+    assert loader.taken([str(path)]) == {}
+
+
+def test_an_unchanged_file_is_handed_out_once(tmp_path: Path) -> None:
+    path = tmp_path / "census-before.json"
+    _census_file(path, 1)
+    loader = preload.Preloader()
+    loader.warm([str(path)], 5.0)
+    first = loader.taken([str(path)])
+    assert first[str(path)].kind == "census" and first[str(path)].ok
+    assert loader.taken([str(path)]) == {}
+
+
+def test_nothing_is_loaded_by_name_in_a_directory_others_may_write(tmp_path: Path) -> None:
+    # root diagnosing another user's job hands them the output directory: there each artefact
+    # is read once through a checked descriptor (evidence.analyze_artefacts), never by name early
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    path = shared / "census-before.json"
+    _census_file(path, 1)
+    loader = preload.Preloader()
+    loader.warm([str(path)], 5.0)
+    assert loader.taken([str(path)]) == {}
+
+
+def test_a_big_trace_is_left_to_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # seconds of decoding, longer than a wait; the engine loads big ones in parallel
+    monkeypatch.setattr(preload, "PRELOAD_MAX_BYTES", 100)
+    path = tmp_path / "census-before.json"
+    _census_file(path, 1)
+    loader = preload.Preloader()
+    loader.warm([str(path)], 5.0)
+    assert loader.taken([str(path)]) == {}
+
+
+def test_the_wait_stops_loading_at_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = []
+    for n in range(3):
+        paths.append(tmp_path / f"c{n}.json")
+        _census_file(paths[-1], n)
+    loader = preload.Preloader()
+    loader.warm([str(p) for p in paths], 0.0)
+    assert loader.taken([str(p) for p in paths]) == {}
