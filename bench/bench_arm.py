@@ -55,6 +55,7 @@ def loop(kind: str) -> Callable[[], None]:
         model(x).pow(2).mean().backward()
         opt.step()
 
+    step.model = model  # type: ignore[attr-defined]
     return step
 
 
@@ -231,6 +232,37 @@ def parts(kind: str, pairs: int, block_s: float, out: str) -> list[dict[str, Any
             for name in PART_SETS]
 
 
+def located_cost(kind: str, out: str, repeats: int = 5) -> dict[str, Any]:
+    """The step after a NaN fires, watched op by op (nan_locate.py): its time over a plain
+    step's (the median of the 20 steps before the fire), each repeat on a fresh model."""
+    ratios = []
+    for r in range(repeats):
+        step = loop(kind)
+        armory = Armory()
+        trigger = NanTrigger(EvidenceDir(f"{out}/located-{kind}-{r}", 1 << 30), 1, {})
+        armory.arm(trigger, AgentState(), None)
+        try:
+            times = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+            first = next(step.model.parameters())  # type: ignore[attr-defined]
+            first.register_hook(lambda g: g.fill_(float("nan")))  # poisoned gradients from now on
+            for _ in range(2000):
+                step()
+                if trigger.fires:
+                    break
+            t0 = time.perf_counter()
+            step()  # the watched one
+            watched = time.perf_counter() - t0
+            ratios.append(watched / statistics.median(times))
+        finally:
+            armory.disarm()
+    return {"loop": kind, "watched_over_plain_step": round(statistics.median(ratios), 1),
+            "ratios": [round(x, 1) for x in ratios]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
@@ -243,7 +275,17 @@ def main() -> None:
                         help="instead: each part (clock hooks, hang, nan, oom, all) alone, PAIRS "
                              "short interleaved plain/armed block pairs each")
     parser.add_argument("--block", type=float, default=0.15, help="--parts: seconds per block")
+    parser.add_argument("--located", action="store_true",
+                        help="instead: the cost of the step watched op by op after a NaN fires")
     args = parser.parse_args()
+    if args.located:
+        torch.set_num_threads(1)
+        with tempfile.TemporaryDirectory(prefix="fp-bench-arm-") as tmp:
+            for kind in args.loops.split(","):
+                row = located_cost(kind, tmp)
+                print(f"{row['loop']:>5} loop: the watched step took {row['watched_over_plain_step']}x a "
+                      f"plain step (median of {len(row['ratios'])}: {row['ratios']})")
+        return
     if args.parts:
         torch.set_num_threads(1)
         with tempfile.TemporaryDirectory(prefix="fp-bench-arm-") as tmp:

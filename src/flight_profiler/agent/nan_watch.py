@@ -77,13 +77,16 @@ def make_watch(torch: Any) -> Any:
     if dispatch is None:
         raise RuntimeError("torch.utils._python_dispatch is not loaded in the target")
     tensor_type = torch.Tensor
+    parameter_type = torch.nn.Parameter
 
     class NanWatch(dispatch.TorchDispatchMode):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:
             super().__init__()
-            self.first: dict[str, Any] | None = None
+            self.first: dict[str, Any] | None = None  # the first op whose output is non-finite
+            self.origin: dict[str, Any] | None = None  # ... the first one whose inputs were finite
             self.ops = 0
             self.call = -1
+            self.off = False  # a pass-through: the op runs, nothing is looked at
 
         def _bad(self, t: Any) -> bool:
             return isinstance(t, tensor_type) and t.is_floating_point() and t.numel() > 0 and \
@@ -91,8 +94,10 @@ def make_watch(torch: Any) -> Any:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
+            if self.off:
+                return out
             self.ops += 1
-            if self.first is None:
+            if self.origin is None:
                 with contextlib.suppress(Exception):  # never into the target's op
                     self._check(func, args, kwargs, out)
             return out
@@ -106,21 +111,28 @@ def make_watch(torch: Any) -> Any:
                 return
             flat = [a for a in (*args, *(kwargs or {}).values())]
             flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]
-            inputs_bad = any(self._bad(a) for a in flat)
+            bad_inputs = [a for a in flat if self._bad(a)]
+            if self.first is not None and bad_inputs:
+                return  # NaN carried on from an earlier op: only an origin is still wanted
             node = torch._C._current_autograd_node()
             o = bad[0]
             info: dict[str, Any] = {
                 "call": self.call, "op": str(func), "phase": "backward" if node is not None else "forward",
-                "inputs_finite": not inputs_bad, "shape": list(o.shape), "dtype": str(o.dtype).replace("torch.", ""),
+                "inputs_finite": not bad_inputs, "shape": list(o.shape), "dtype": str(o.dtype).replace("torch.", ""),
                 "nan": int(torch.isnan(o).sum()), "inf": int(torch.isinf(o).sum()), "op_index": self.ops,
             }
+            if bad_inputs:
+                info["nonfinite_input_is_parameter"] = any(isinstance(a, parameter_type) for a in bad_inputs)
             if node is not None:
                 info["backward_node"] = type(node).__name__
                 meta = getattr(node, "metadata", None) or {}
                 info["forward_stack"] = _parse_traceback(meta.get("traceback_"))
             else:
                 info["forward_stack"] = _user_frames(traceback.extract_stack()[:-3])
-            self.first = info
+            if self.first is None:
+                self.first = info
+            if not bad_inputs:
+                self.origin = info
 
     return NanWatch()
 

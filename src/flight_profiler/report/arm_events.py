@@ -52,6 +52,30 @@ def _param(value: Any) -> dict[str, Any] | None:
             "param_finite": value.get("param_finite") if isinstance(value.get("param_finite"), bool) else None}
 
 
+def _op(value: Any) -> dict[str, Any] | None:
+    """One op the NaN locator named (agent/nan_watch.py's record)."""
+    if not isinstance(value, dict):
+        return None
+    stack = value.get("forward_stack")
+    finite = value.get("inputs_finite")
+    from_param = value.get("nonfinite_input_is_parameter")
+    return {"op": _text(value.get("op"), 200) or "?", "phase": _text(value.get("phase"), 20),
+            "backward_node": _text(value.get("backward_node"), 200),
+            "inputs_finite": finite if isinstance(finite, bool) else None,
+            "from_parameter": from_param if isinstance(from_param, bool) else None,
+            "nan": _int(value.get("nan")), "inf": _int(value.get("inf")),
+            "stack": [str(x)[:600] for x in stack[-12:]] if isinstance(stack, list) else []}
+
+
+def _located(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        return None
+    return {"step": _int(value.get("step")), "watched": value.get("watched") is True,
+            "found": value.get("found") is True, "reason": _text(value.get("reason"), 400),
+            "cut_short": _text(value.get("cut_short"), 400), "ops_checked": _int(value.get("ops_checked")),
+            "origin": _op(value.get("origin")), "first_nonfinite": _op(value.get("first_nonfinite"))}
+
+
 def _dict(raw: dict[str, Any], key: str) -> dict[str, Any]:
     value = raw.get(key)
     return value if isinstance(value, dict) else {}
@@ -93,6 +117,7 @@ def parse_event(text: str, path: str = "") -> dict[str, Any]:
         "clean_at_step": _int(raw.get("clean_at_step")), "checked_every": _int(raw.get("checked_every")),
         "params_hit": _int(raw.get("params_hit")), "params_checked": _int(raw.get("params_checked")),
         "first_params": [p for p in (_param(v) for v in first[:20]) if p is not None],
+        "located": _located(raw.get("located")),
         # oom
         "signal": _text(raw.get("signal"), 40), "error": _text(raw.get("error")),
         "rss_bytes": _int(raw.get("rss_bytes")), "rss_limit": _int(raw.get("rss_limit")),

@@ -101,6 +101,8 @@ def handle_anomaly(ctx: Context) -> dict[str, Any]:
     first = window.watch.first
     result: dict[str, Any] = {
         **info, "found": first is not None, "first": first,
+        # where the first NaN came from inputs already non-finite: the op that made one of finite ones
+        "origin": window.watch.origin,
         "anomaly_before": before, "anomaly_after": nan_watch.read_state(torch),
         "restore_pending": window.in_flight > 0,
         "call_seconds": [round(d, 4) for d in window.durations],

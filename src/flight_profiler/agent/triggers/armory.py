@@ -135,7 +135,7 @@ class Armory:
                         trigger.tick(now)
                     except Exception:
                         log.exception("arm: %s trigger failed in the watcher", trigger.kind)
-                    if trigger.state == "spent":
+                    if trigger.state == "spent" and not trigger.busy():
                         self.disarm_one(trigger)
         except BaseException:  # never reach threading.excepthook (it prints to stderr)
             log.exception("arm: watcher thread failed")

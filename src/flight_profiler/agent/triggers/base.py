@@ -72,6 +72,10 @@ class Trigger:
         if self.state == "spent":
             self.on_spent()
 
+    def busy(self) -> bool:
+        """Still finishing an event after its last fire (the watcher waits before disarming)."""
+        return False
+
     def on_spent(self) -> None:
         """The last allowed fire is done: stop paying for the watch (subclasses)."""
 

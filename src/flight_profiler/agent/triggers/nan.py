@@ -12,24 +12,33 @@ was the last one checked clean ("clean_at_step"), so the NaN appeared in between
 
 Evidence: the step, the parameters hit first (optimizer group/index, shape, and the name in the
 model that holds them, found only when it fires), whether the parameters themselves are still
-finite, and every thread's stack.
+finite, and every thread's stack. Then the next whole step is watched op by op (nan_locate.py)
+and event.json is replaced by one with "located": the op and line that made a NaN out of finite
+values, or why none did (the parameters were non-finite already).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import sys
+import threading
 import time
 from typing import Any
 
 from ..gc_walk import live_instances
 from . import capture
 from .base import Trigger
-from .evidence import Event, EvidenceDir
+from .evidence import MAX_EVENT_JSON, Event, EvidenceDir
+from .nan_locate import Locator
 
 BUDGET = 0.002
 _MAX_EVERY = 1000
 _MAX_NAMED = 20
+# The watched step ends at the next optimizer step; a thread that stops stepping (an evaluation,
+# a hang) is not watched for ever: after this many seconds, or 20 step periods if longer.
+LOCATE_MAX_S = 10.0
 
 
 def _grads(optimizer: Any) -> list[tuple[int, int, Any, Any]]:
@@ -117,10 +126,15 @@ class NanTrigger(Trigger):
         self._cpu_at: float | None = None
         self._step_at = 0
         self._pending: tuple[int, tuple[Any, list[Any]]] | None = None
+        # (locator, the event it completes, when it started): the step after a fire, watched
+        self._locating: tuple[Locator, str | None, float] | None = None
+        self._locate_lock = threading.Lock()
+        self.located: dict[str, Any] | None = None
 
     def detail(self) -> dict[str, Any]:
         return {"checks": self.checks, "every": self.every, "clean_at_step": self.clean_at,
-                "check_ms": round(1000 * self.check_s / self.checks, 4) if self.checks else None}
+                "check_ms": round(1000 * self.check_s / self.checks, 4) if self.checks else None,
+                "locating": self._locating is not None, "located": self.located}
 
     def _pace(self, spent: float, step_cpu: float | None) -> None:
         """One step in ``every`` checked, so that the checks' share of the training thread's CPU
@@ -135,6 +149,8 @@ class NanTrigger(Trigger):
         self.every = max(1, min(_MAX_EVERY, math.ceil(self._cost / (BUDGET * self._period))))
 
     def on_post_step(self, clock: Any, optimizer: Any, is_step: bool) -> None:
+        if self._locating is not None and is_step:
+            self._end_locate(clock, None)
         if not self.live or optimizer is None:
             return
         if self._pending is not None:
@@ -193,11 +209,79 @@ class NanTrigger(Trigger):
         if self.begin_fire():
             try:
                 hit = [grads[k] for k in bad]
-                self.write_event(lambda event: self._capture(event, torch, clock, hit, len(grads),
-                                                             seen_at))
+                final = self.write_event(lambda event: self._capture(event, torch, clock, hit,
+                                                                     len(grads), seen_at))
+                self._start_locate(torch, final)
             finally:
                 hit = []
                 self.end_fire()
+
+    # -- the step after a fire, watched op by op (nan_locate.py) ---------------------------------
+    def _start_locate(self, torch: Any, final: str | None) -> None:
+        if self._locating is not None:
+            return
+        locator = Locator(torch)
+        if locator.start():
+            self._locating = (locator, final, time.monotonic())
+        elif final is not None:
+            self._record_located(final, locator.result(0))
+
+    def busy(self) -> bool:
+        return self._locating is not None
+
+    def _take_locating(self) -> tuple[Locator, str | None, float] | None:
+        with self._locate_lock:
+            taken, self._locating = self._locating, None
+        return taken
+
+    def _end_locate(self, clock: Any, cut_short: str | None) -> None:
+        """The watched step is over (training thread), or cut short (any thread)."""
+        taken = self._take_locating()
+        if taken is None:
+            return
+        locator, final, _ = taken
+        if cut_short is None:
+            popped = locator.finish()
+        else:
+            locator.abandon()
+            popped = locator.try_pop()
+        if not popped and clock is not None:
+            clock.defer(locator.try_pop)  # the training thread pops it at its next step
+        result = locator.result(clock.steps if clock is not None else 0)
+        if cut_short:
+            result["cut_short"] = cut_short
+        self.located = {k: v for k, v in result.items() if k in ("step", "watched", "found", "reason", "cut_short")}
+        if final is not None:
+            self._record_located(final, result)
+
+    def _record_located(self, final: str, result: dict[str, Any]) -> None:
+        """event.json again, with "located" (a rename: a reader sees the old or the new one)."""
+        try:
+            fd = os.open(os.path.join(final, "event.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self.out.fd)
+            try:
+                doc = json.loads(os.read(fd, MAX_EVENT_JSON + 1))
+            finally:
+                os.close(fd)
+            if isinstance(doc, dict):
+                doc["located"] = result
+                self.out.replace_event_json(final, doc)
+        except Exception as exc:
+            self._error(f"cannot add the located op to {final}: {type(exc).__name__}: {exc}")
+
+    def tick(self, now: float) -> None:
+        taken = self._locating
+        if taken is None:
+            return
+        period = self.clock.last_period if self.clock is not None else None
+        limit = max(LOCATE_MAX_S, 20 * (period or 0.0))
+        if now - taken[2] > limit:
+            self._end_locate(self.clock, f"no step ended within {limit:.0f} s")
+
+    def remove(self) -> list[str]:
+        if self._locating is not None:
+            self._end_locate(self.clock, "disarmed before the watched step ended")
+        return []
 
     def _capture(self, event: Event, torch: Any, clock: Any, hit: list[Any], total: int,
                  seen_at: int | None) -> dict[str, Any]:

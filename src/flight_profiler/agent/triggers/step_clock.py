@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from .. import hooks, targets
 
@@ -96,6 +96,9 @@ class StepClock:
         self._method_removal: Any = None
         self.closing = False
         self.errors = 0
+        # things only the training thread can undo (the NaN locator's dispatch mode): each is
+        # tried at every step end until it says done; the hook stays until then
+        self.pending: tuple[Callable[[], bool], ...] = ()
 
     # -- installing ------------------------------------------------------------------------
     def install(self) -> list[str]:
@@ -140,8 +143,11 @@ class StepClock:
 
     # -- the hooks (the training thread) ---------------------------------------------------
     def _on_post(self, optimizer: Any, args: Any, kwargs: Mapping[str, Any]) -> None:
+        if self.pending:
+            self._run_pending()
         if self.closing:
-            self._remove_from_hook()
+            if not self.pending:
+                self._remove_from_hook()
             return
         key = id(optimizer)
         is_step = key == self.clock_optimizer
@@ -183,6 +189,24 @@ class StepClock:
             self.thread = ident
             self.thread_native = getattr(threading.current_thread(), "native_id", None)
 
+    def defer(self, undo: Callable[[], bool]) -> None:
+        """``undo`` runs in the stepping thread at each step end until it returns True."""
+        with self.lock:
+            self.pending = (*self.pending, undo)
+
+    def _run_pending(self) -> None:
+        done = []
+        for undo in self.pending:
+            try:
+                if undo():
+                    done.append(undo)
+            except Exception:
+                log.exception("arm: undoing in the training thread failed")
+                done.append(undo)  # it will not do better next time
+        if done:
+            with self.lock:
+                self.pending = tuple(u for u in self.pending if u not in done)
+
     @property
     def last_step_wall(self) -> float | None:
         """time.time() at the end of the last step (from its perf_counter reading)."""
@@ -213,14 +237,15 @@ class StepClock:
         """From any thread: remove the table entries if no thread is inside a step now."""
         if self.removed():
             return True
-        if thread_in_step():
+        if self.pending or thread_in_step():
             return False
         self._pop(pre=True)
         self._pop(pre=False)
         return self.removed()
 
     def removed(self) -> bool:
-        return self._pre_key is None and self._post_key is None and self._method_removal is None
+        return (self._pre_key is None and self._post_key is None and self._method_removal is None
+                and not self.pending)
 
     def _remove_from_hook(self) -> None:
         """In the training thread, inside torch's loop over the post table (see the module doc)."""
@@ -259,5 +284,7 @@ class StepClock:
         return {"steps": self.steps, "optimizers": len(self.optimizers),
                 "step": self.step_target or "optimizer.step()",
                 "last_period_s": round(self.last_period, 6) if self.last_period else None,
-                "hooks": "removed" if self.removed() else ("removal pending: a thread is inside "
-                                                           "optimizer.step()" if self.closing else "on")}
+                "hooks": "removed" if self.removed() else (
+                    "removal pending: the NaN locator's op watch leaves the training thread at its "
+                    "next step" if self.closing and self.pending else
+                    "removal pending: a thread is inside optimizer.step()" if self.closing else "on")}

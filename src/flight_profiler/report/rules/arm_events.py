@@ -55,6 +55,72 @@ def _hang(ev: dict[str, Any], inp: InputResult) -> Finding:
         ranks=[ev["rank"]] if ev.get("rank") is not None else None)
 
 
+# What makes a NaN/Inf out of finite values, by op (aten name or backward node), and its fix.
+_OP_FIXES = (
+    (("log", "xlogy"), "log of zero or a negative number: clamp its input (x.clamp_min(eps)), or use "
+                       "log_softmax / log1p / BCEWithLogitsLoss, which stay finite"),
+    (("sqrt", "rsqrt"), "sqrt's gradient is infinite at 0: sqrt(x + eps), or torch.linalg.vector_norm, "
+                        "whose gradient at 0 is defined"),
+    (("norm",), "the gradient of a norm at a zero vector is NaN: add eps inside, or skip zero vectors"),
+    (("div", "reciprocal"), "division by zero: add eps to the denominator or guard it with torch.where"),
+    (("exp", "pow", "softmax", "sinh", "cosh"), "overflow: subtract the max first (torch.logsumexp, "
+                                                  "log_softmax), or compute it in float32"),
+    (("acos", "asin", "atanh"), "an argument outside the domain: clamp it to [-1 + eps, 1 - eps]"),
+)
+
+
+def _op_fix(op: dict[str, Any]) -> str:
+    name = f"{op.get('op') or ''} {op.get('backward_node') or ''}".lower()
+    for keys, fix in _OP_FIXES:
+        if any(k in name for k in keys):
+            return fix
+    return "the op above makes non-finite values out of finite inputs: guard its input"
+
+
+def _op_line(op: dict[str, Any]) -> str | None:
+    return op["stack"][-1] if op.get("stack") else None
+
+
+def _op_where(op: dict[str, Any]) -> str:
+    line = _op_line(op)
+    kind = (f"the backward of {op['backward_node']} ({op['op']})" if op.get("phase") == "backward"
+            and op.get("backward_node") else op["op"])
+    return f"{kind} at {line}" if line else kind
+
+
+def _located(ev: dict[str, Any], evidence: list[str]) -> tuple[str | None, list[str], list[str]]:
+    """What the watched step after the fire showed: (root cause, where, fixes)."""
+    loc = ev.get("located")
+    if not loc:
+        return None, [], []
+    if not loc["watched"]:
+        evidence.append(f"the next step was not watched op by op: {loc['reason'] or 'unknown'}")
+        return None, [], []
+    cut = f" (cut short: {loc['cut_short']})" if loc.get("cut_short") else ""
+    origin = loc.get("origin")
+    if origin:
+        line = _op_line(origin)
+        evidence.append(f"step {loc['step']}, watched op by op{cut}: {_op_where(origin)} made "
+                        f"{origin.get('nan') or 0} NaN and {origin.get('inf') or 0} Inf values out of "
+                        f"finite inputs")
+        evidence += [f"  {frame}" for frame in origin["stack"][-4:-1]]
+        return (f"{_op_where(origin)} makes non-finite values out of finite inputs",
+                [line] if line else [], [f"{origin['op']}: {_op_fix(origin)}."])
+    first = loc.get("first_nonfinite")
+    what = (f"; the first non-finite value there came in through "
+            f"{'a parameter' if first.get('from_parameter') else 'an input'} of {_op_where(first)}"
+            if first else "")
+    evidence.append(f"step {loc['step']}, watched op by op ({loc.get('ops_checked') or 0} ops){cut}: no op "
+                    f"made a NaN or Inf out of finite values{what}. The parameters were non-finite "
+                    f"already: the optimizer applied the non-finite gradient of step {ev.get('step')}, "
+                    "and the op that made it ran in that step, not again")
+    return ("no op made a NaN or Inf out of finite values in the next step: the parameters were "
+            "non-finite already"), [], ["The op that made it ran only once: to name it, restart from the last good "
+                      "checkpoint and run `torch anomaly` on the step method over the steps before "
+                      "it (or keep the GradScaler / clip_grad_norm_ guard below so one bad step "
+                      "cannot poison the parameters)."]
+
+
 def _nan(ev: dict[str, Any], inp: InputResult) -> Finding:
     params = ev["first_params"]
     names = [p["name"] or f"group {p['group']} param {p['index']}" for p in params]
@@ -68,16 +134,26 @@ def _nan(ev: dict[str, Any], inp: InputResult) -> Finding:
                         f"{'still finite' if p['param_finite'] else 'non-finite now'}")
     if (ev.get("checked_every") or 1) > 1:
         evidence.append(f"checked one step in {ev['checked_every']} (the check's own cost kept under 0.3 % of the step)")
+    cause, lines, fixes = _located(ev, evidence)
+    origin = (ev.get("located") or {}).get("origin")
+    step_cause = f"step {ev.get('step')}: non-finite gradient in {', '.join(names[:3]) or '?'}"
+    if cause and not origin:  # said in the summary, not a cause
+        cause, note = None, f"; {cause}"
+    else:
+        note = f"; {cause}" if cause else ""
     return Finding(
         rule="arm-nan", severity="critical",
         title=f"First non-finite gradient at step {ev.get('step')} ({_who(ev)})",
-        summary=f"Gradients went non-finite at step {ev.get('step')}, first in {', '.join(names[:3]) or '?'}.",
-        root_cause=f"step {ev.get('step')}: non-finite gradient in {', '.join(names[:3]) or '?'}",
-        evidence=evidence + _common(ev, inp), where=names[:6],
-        fix=["Find the op: `torch anomaly` on the step method for one step, or lower the learning "
-             "rate / clip gradients (torch.nn.utils.clip_grad_norm_) / check the loss for log(0), "
-             "division by zero, fp16 overflow (use a GradScaler)."],
-        inputs=[inp.path], metrics={"step": ev.get("step"), "params": names[:20]},
+        summary=f"Gradients went non-finite at step {ev.get('step')}, first in {', '.join(names[:3]) or '?'}"
+                f"{note}.",
+        root_cause=f"{cause} ({step_cause})" if cause else step_cause,
+        evidence=evidence + _common(ev, inp), where=lines + names[:6],
+        fix=[*fixes, "Lower the learning rate / clip gradients (torch.nn.utils.clip_grad_norm_) / check "
+                     "the loss for log(0), division by zero, fp16 overflow (use a GradScaler)."]
+        if fixes else ["Find the op: `torch anomaly` on the step method for one step, or lower the learning "
+                       "rate / clip gradients (torch.nn.utils.clip_grad_norm_) / check the loss for log(0), "
+                       "division by zero, fp16 overflow (use a GradScaler)."],
+        inputs=[inp.path], metrics={"step": ev.get("step"), "params": names[:20], "op": origin["op"] if origin else None},
         ranks=[ev["rank"]] if ev.get("rank") is not None else None)
 
 
