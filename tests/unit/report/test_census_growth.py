@@ -206,3 +206,23 @@ def test_unreached_tensors_of_a_census_cut_short_are_not_called_a_leak(tmp_path:
     report = analyze(paths)
     # THEN no leak is claimed on tensors nobody could name
     assert _rules(report, "memory-leak") == []
+
+
+def test_a_running_sum_reset_each_epoch_is_a_chain_that_restarted(tmp_path: Path) -> None:
+    # pytorch/examples' `train_loss += loss` (no .item()), `train_loss = 0` at each epoch: one
+    # census interval spans the reset (its new chain does not reach the old one), the last one
+    # proves the chain; backward() freed every saved tensor, so the graph holds no bytes.
+    paths = _series(tmp_path, [[row("train() local train_loss", 1, 4, grad=1, graph=0, kind="local",
+                                    root="local", depth=1, **extra)]
+                               for extra in ({}, {"kept": 0, "sampled": 1, "chained": False},
+                                             {"kept": 1, "sampled": 1, "chained": True})])
+    (chain,) = _rules(analyze(paths), "graph-chain")
+    assert chain.severity == "warning" and chain.metrics["chained"] == [False, True]
+    assert "train_loss += loss.item()" in chain.fix[0]
+    assert "restarted" in chain.summary and "no saved tensors" in chain.summary, chain.summary
+    # the other order is no chain: the latest graph does not reach the one held before
+    paths = _series(tmp_path, [[row("train() local train_loss", 1, 4, grad=1, graph=0, kind="local",
+                                    root="local", depth=1, **extra)]
+                               for extra in ({}, {"kept": 1, "sampled": 1, "chained": True},
+                                             {"kept": 0, "sampled": 1, "chained": False})])
+    assert _rules(analyze(paths), "graph-chain") == []

@@ -58,7 +58,10 @@ def _chains(series: list[Any]) -> list[tuple[census_growth.History, list[bool | 
         if int(last["count"]) > T.graph_chain_max_tensors or int(last["with_grad_fn"]) < 1:
             continue
         links = h.chained()
-        if any(link is False for link in links):
+        # A chain that restarted (a running sum reset each epoch: `total = 0` then `+= loss`)
+        # does not reach the old graph across the reset; it is still a chain when the latest
+        # interval proves one. A holder whose latest graph does not reach its previous one is not.
+        if any(link is False for link in links) and (links[-1] is not True or True not in links):
             continue
         if any(link is True for link in links):
             found.append((h, links))
@@ -106,13 +109,18 @@ def check(ctx: Context) -> list[Finding]:
             how = (f"its graph reached the one it held at the previous census at {proven} of "
                    f"{len(links)} intervals" if proven else
                    f"the graph behind it grew {fmt_bytes(graph[0])} -> {fmt_bytes(graph[-1])}")
+            if False in links:
+                how += " (at the others the chain had restarted: the holder was reset, e.g. at each epoch)"
+            kept_alive = (f"graph kept alive {fmt_bytes(graph[0])} -> {fmt_bytes(graph[-1])}{rate}" if graph[-1]
+                          else "no saved tensors: each backward() freed them; the chain of graph nodes "
+                               "grows, one step's worth per step, until the holder is reset")
             out.append(Finding(
                 rule="graph-chain",
                 severity="critical" if proven >= 2 or (not proven and len(series) >= 3) else "warning",
                 title=f"{path} carries an autograd graph that grows at every step: .detach() it",
                 summary=(f"{path} holds {last['count']} tensor(s) with grad_fn, and {how} across "
-                         f"{len(series)} censuses (graph kept alive {fmt_bytes(graph[0])} -> "
-                         f"{fmt_bytes(graph[-1])}{rate}): each step's graph is chained to the previous one."),
+                         f"{len(series)} censuses ({kept_alive}): each step's graph is chained to the "
+                         "previous one."),
                 evidence=[f"{c.name}: {r['count']} tensor(s), {r['with_grad_fn']} with grad_fn, "
                           f"graph {fmt_bytes(int(r['graph_bytes']))}"
                           + (", its graph reaches the one held at the previous census"
