@@ -220,9 +220,17 @@ def test_a_running_sum_reset_each_epoch_is_a_chain_that_restarted(tmp_path: Path
     assert chain.severity == "warning" and chain.metrics["chained"] == [False, True]
     assert "train_loss += loss.item()" in chain.fix[0]
     assert "restarted" in chain.summary and "no saved tensors" in chain.summary, chain.summary
-    # the other order is no chain: the latest graph does not reach the one held before
+    # the reset in the last interval: the same number, the same mistake
     paths = _series(tmp_path, [[row("train() local train_loss", 1, 4, grad=1, graph=0, kind="local",
                                     root="local", depth=1, **extra)]
                                for extra in ({}, {"kept": 1, "sampled": 1, "chained": True},
                                              {"kept": 0, "sampled": 1, "chained": False})])
+    (chain,) = _rules(analyze(paths), "graph-chain")
+    assert chain.metrics["chained"] == [True, False]
+    # losses summed over micro-batches for one backward() every K (gradient accumulation): the
+    # sum holds its saved activations; a chain that restarts at each backward is no mistake
+    paths = _series(tmp_path, [[row("train() local acc_loss", 1, 4, grad=1, graph=g, kind="local",
+                                    root="local", depth=1, **extra)]
+                               for g, extra in ((MiB, {}), (2 * MiB, {"kept": 1, "sampled": 1, "chained": True}),
+                                                (MiB, {"kept": 0, "sampled": 1, "chained": False}))])
     assert _rules(analyze(paths), "graph-chain") == []

@@ -59,9 +59,16 @@ def _chains(series: list[Any]) -> list[tuple[census_growth.History, list[bool | 
             continue
         links = h.chained()
         # A chain that restarted (a running sum reset each epoch: `total = 0` then `+= loss`)
-        # does not reach the old graph across the reset; it is still a chain when the latest
-        # interval proves one. A holder whose latest graph does not reach its previous one is not.
-        if any(link is False for link in links) and (links[-1] is not True or True not in links):
+        # does not reach the old graph across the reset. It is still a chain when the latest
+        # interval proves one; or, whatever the order, when the holder is a number whose graph
+        # holds no saved tensor at any census (every backward() freed them): a running metric
+        # chained by mistake, which no backward can use, where a bounded chain kept on purpose
+        # (losses summed over K micro-batches for one backward, truncated BPTT over K chunks)
+        # still holds its saved activations.
+        metric = (int(last["bytes"]) <= 8 * max(1, int(last["count"]))
+                  and all(g <= 0 for g in h.series("graph_bytes")))
+        if any(link is False for link in links) and (
+                True not in links or (links[-1] is not True and not metric)):
             continue
         if any(link is True for link in links):
             found.append((h, links))
