@@ -138,6 +138,34 @@ def test_a_fresh_copy_verifies(copy) -> None:
     assert staging.verified(directory, want.name, want)
 
 
+def test_a_fresh_copy_holds_this_interpreters_bytecode_checked_against_its_source(
+        copy, monkeypatch) -> None:
+    """Issue 23: a target that cannot write the copy's __pycache__ (root's) compiled every module
+    of the agent on every attach. The copy holds this interpreter's .pyc of each module, made by
+    the CLI (its own, 0644), checked-hash (PEP 552): the target checks it against the verified
+    source beside it at each import."""
+    import importlib.util
+
+    directory, want = copy
+    top = Path(directory.path) / want.name / "pkg"
+    sources = sorted(top.rglob("*.py"))
+    assert len(sources) == len(want.files) > 10
+    tag = sys.implementation.cache_tag
+    for source in sources:
+        pyc = source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc"
+        st = pyc.lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+        assert stat.S_IMODE(st.st_mode) == 0o644
+        data = pyc.read_bytes()
+        assert data[:4] == importlib.util.MAGIC_NUMBER
+        assert int.from_bytes(data[4:8], "little") == 0b11  # hash-based, checked
+        assert data[8:16] == importlib.util.source_hash(source.read_bytes())
+    assert staging.verified(directory, want.name, want)
+    # a CLI of another version stages another copy, named apart, with its own bytecode
+    monkeypatch.setattr(sys.implementation, "cache_tag", "cpython-399")
+    assert staging.manifest(None).name != want.name
+
+
 @pytest.mark.parametrize("spoil", ["edit", "missing", "group-writable", "symlink", "hard-link",
                                    "writable-pycache"])
 def test_a_spoiled_copy_does_not_verify_and_is_staged_again(copy, tmp_path, spoil) -> None:
