@@ -167,7 +167,8 @@ def test_a_fresh_copy_holds_this_interpreters_bytecode_checked_against_its_sourc
 
 
 @pytest.mark.parametrize("spoil", ["edit", "missing", "group-writable", "symlink", "hard-link",
-                                   "writable-pycache"])
+                                   "writable-pycache", "pyc-group-writable", "pyc-symlink",
+                                   "pyc-hard-link"])
 def test_a_spoiled_copy_does_not_verify_and_is_staged_again(copy, tmp_path, spoil) -> None:
     directory, want = copy
     top = Path(directory.path) / want.name
@@ -183,6 +184,15 @@ def test_a_spoiled_copy_does_not_verify_and_is_staged_again(copy, tmp_path, spoi
         server.symlink_to(tmp_path / "elsewhere.py")
     elif spoil == "hard-link":
         os.link(server, tmp_path / "another-name")
+    elif spoil.startswith("pyc-"):  # the .pyc are checked without being read (issue 23)
+        pyc = top / "pkg" / "__pycache__" / f"server.{sys.implementation.cache_tag}.pyc"
+        if spoil == "pyc-group-writable":
+            pyc.chmod(0o664)
+        elif spoil == "pyc-symlink":
+            pyc.unlink()
+            pyc.symlink_to(tmp_path / "elsewhere.pyc")
+        else:
+            os.link(pyc, tmp_path / "another-pyc")
     else:  # a cache directory anyone may write: a planted .pyc would be loaded
         (top / "pkg" / "__pycache__").chmod(0o777)
     assert not staging.verified(directory, want.name, want)

@@ -81,11 +81,12 @@ class Manifest(Record):
 
 def _agent_files() -> list[str]:
     out = []
+    skip = len(_AGENT_DIR) + 1  # os.walk's paths start with it (relpath: two abspath each)
     for dirpath, dirnames, filenames in os.walk(_AGENT_DIR):
         dirnames[:] = sorted(d for d in dirnames if d != PYCACHE)
         for name in sorted(filenames):
             if name.endswith(".py"):
-                out.append(os.path.relpath(os.path.join(dirpath, name), _AGENT_DIR))
+                out.append(os.path.join(dirpath, name)[skip:])
     return out
 
 
@@ -204,15 +205,19 @@ def verified(directory: AgentDir, name: str, want: Manifest) -> bool:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append((os.open(entry.name, _DIR_FLAGS, dir_fd=fd), path))
                             continue
+                        if path not in want.hashes:  # a .pyc: checked, never read
+                            st = entry.stat(follow_symlinks=False)  # fstatat, no link followed
+                            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not _ours(st):
+                                return False
+                            continue
                         ffd = os.open(entry.name, _READ_FLAGS, dir_fd=fd)
                         try:
                             st = os.fstat(ffd)
                             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not _ours(st):
                                 return False
-                            if path in want.hashes:
-                                if _hash_fd(ffd) != want.hashes[path]:
-                                    return False
-                                seen.add(path)
+                            if _hash_fd(ffd) != want.hashes[path]:
+                                return False
+                            seen.add(path)
                         finally:
                             os.close(ffd)
             finally:
