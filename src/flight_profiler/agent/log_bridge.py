@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from .agent_log import AgentLog
+TYPE_CHECKING = False  # agent_log imports this module (lazily): no cycle at run time
+if TYPE_CHECKING:
+    from .agent_log import AgentLog
 
 NAME = "flight_profiler.agent"
 
