@@ -1,6 +1,7 @@
 """Start-up of the whole CLI, measured in one run (machines are shared and noisy).
 
     python bench/bench_cli_startup.py [--runs 10] [--before main] [--fresh 5]
+                                      [--target-writes-bytecode]
 
 For each source tree (this checkout, and with ``--before REV`` the src/ of git revision REV,
 alternating run by run so that load hits both alike), with bytecode compiled first:
@@ -11,6 +12,9 @@ alternating run by run so that load hits both alike), with bytecode compiled fir
   status-json    the same with ``--json`` (no table to render)
   first          ``flight_profiler PID --cmd status`` on a fresh target (attach included;
                  ``--fresh`` targets per tree)                                 (target < 0.15 s)
+                 The targets run with PYTHONDONTWRITEBYTECODE, as a job of another user than
+                 the CLI's cannot write the staged copy's ``__pycache__`` either (root's):
+                 ``--target-writes-bytecode`` lets them, as a job of the CLI's own user can.
 Medians of wall time and of the child's CPU time (user + system), and which heavy modules each
 command imported (``-X importtime``): torch never; rich (and typing, dataclasses: rich imports
 them) only to render a table on a terminal (cli/plain_status.py prints status's for a script);
@@ -58,8 +62,14 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, cpu, done.stderr
 
 
-def sleeper() -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
+def sleeper(writes_bytecode: bool = False) -> subprocess.Popen[bytes]:
+    """A target. By default it cannot write bytecode, as a job of another user cannot write the
+    ``__pycache__`` of root's staged copy: it compiles whatever agent module it finds no .pyc
+    for (``--target-writes-bytecode``: a job of the CLI's own user, which writes them once)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if not writes_bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"READY"
     return proc
 
@@ -75,6 +85,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--fresh", type=int, default=5, help="fresh targets per tree for `first`")
     parser.add_argument("--before", default="", help="also measure git revision BEFORE's CLI")
+    parser.add_argument("--target-writes-bytecode", action="store_true",
+                        help="targets may write the agent's .pyc (default: they cannot, as a job "
+                             "of another user than the CLI's cannot)")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
         trees = {"after": str(REPO / "src")}
@@ -109,7 +122,7 @@ def main() -> None:
             target.wait(10)
         for _ in range(opts.fresh):
             for label in trees:
-                fresh = sleeper()
+                fresh = sleeper(opts.target_writes_bytecode)
                 try:
                     wall, cpu, _ = timed([*cli, str(fresh.pid), "--cmd", "status"], envs[label])
                 finally:
@@ -117,7 +130,8 @@ def main() -> None:
                     fresh.wait(10)
                 runs.setdefault(("first", label), []).append((wall, cpu))
     print(f"Python {sys.version.split()[0]}; medians of {opts.runs} runs ({opts.fresh} fresh targets "
-          "for `first`), wall s / CPU s" + (f"; before = {opts.before}" if opts.before else ""))
+          "for `first`), wall s / CPU s" + (f"; before = {opts.before}" if opts.before else "")
+          + ("; targets write bytecode" if opts.target_writes_bytecode else ""))
     for name in ("pass", "help", "status", "status-json", "first"):
         if (name, "after") not in runs:  # --fresh 0: no first command measured
             continue

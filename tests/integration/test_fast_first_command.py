@@ -5,6 +5,7 @@ target keeps running; a second command reuses the agent."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -65,3 +66,54 @@ def test_the_first_command_injects_on_both_paths_alike() -> None:
     finally:
         fast_target.stop()
         click_target.stop()
+
+
+# A bare job (nothing imported but what it uses) that cannot write bytecode, as a job of another
+# user cannot write the __pycache__ of root's staged copy. SIGUSR1: it prints its modules and
+# the files its interpreter compiled from source.
+BARE = """
+import json, signal, sys, time
+from importlib.machinery import SourceFileLoader
+
+compiled = []
+_source_to_code = SourceFileLoader.source_to_code
+
+def source_to_code(self, data, path, *args, **kwargs):
+    compiled.append(str(path))
+    return _source_to_code(self, data, path, *args, **kwargs)
+
+SourceFileLoader.source_to_code = source_to_code
+
+def report(*_):
+    print("MODULES " + json.dumps({"modules": sorted(sys.modules), "compiled": compiled}), flush=True)
+
+signal.signal(signal.SIGUSR1, report)
+print("READY", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_first_command_imports_little_in_the_cli_and_in_the_target() -> None:
+    """Issue 23: what a first command costs is mostly imports, on both sides. The CLI's way to an
+    injection imports neither dataclasses, typing, secrets nor gdb's and pyrasite's modules; the
+    agent starts and answers `status` in a bare target without typing, logging or the torch
+    commands' helpers, and loads its modules from the bytecode staged beside them (the target
+    compiles none of them)."""
+    target = spawn(BARE, env={"PYTHONDONTWRITEBYTECODE": "1"})
+    try:
+        done, modules = run_cli(str(target.pid), "--cmd", "status", "--json")
+        assert done.returncode == 0 and json.loads(done.stdout)["pid"] == target.pid
+        assert "flight_profiler.attach.ptrace_inject" in modules  # it did inject
+        assert sorted(modules & {"dataclasses", "inspect", "typing", "secrets", "shutil", "logging",
+                                 "flight_profiler.attach.gdb", "flight_profiler.attach.pyrasite"}) == []
+        target.popen.send_signal(signal.SIGUSR1)
+        seen = json.loads(target.wait_for(r"MODULES (.*)").group(1))
+        assert "_flight_profiler_agent.server" in seen["modules"]
+        assert sorted(set(seen["modules"]) & {
+            "typing", "logging", "traceback", "tempfile", "pickle", "gzip",
+            "_flight_profiler_agent.torch_support"}) == []
+        assert [path for path in seen["compiled"] if "/pkg/" in path] == []
+        assert target.alive()
+    finally:
+        target.stop()

@@ -138,8 +138,37 @@ def test_a_fresh_copy_verifies(copy) -> None:
     assert staging.verified(directory, want.name, want)
 
 
+def test_a_fresh_copy_holds_this_interpreters_bytecode_checked_against_its_source(
+        copy, monkeypatch) -> None:
+    """Issue 23: a target that cannot write the copy's __pycache__ (root's) compiled every module
+    of the agent on every attach. The copy holds this interpreter's .pyc of each module, made by
+    the CLI (its own, 0644), checked-hash (PEP 552): the target checks it against the verified
+    source beside it at each import."""
+    import importlib.util
+
+    directory, want = copy
+    top = Path(directory.path) / want.name / "pkg"
+    sources = sorted(top.rglob("*.py"))
+    assert len(sources) == len(want.files) > 10
+    tag = sys.implementation.cache_tag
+    for source in sources:
+        pyc = source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc"
+        st = pyc.lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+        assert stat.S_IMODE(st.st_mode) == 0o644
+        data = pyc.read_bytes()
+        assert data[:4] == importlib.util.MAGIC_NUMBER
+        assert int.from_bytes(data[4:8], "little") == 0b11  # hash-based, checked
+        assert data[8:16] == importlib.util.source_hash(source.read_bytes())
+    assert staging.verified(directory, want.name, want)
+    # a CLI of another version stages another copy, named apart, with its own bytecode
+    monkeypatch.setattr(sys.implementation, "cache_tag", "cpython-399")
+    assert staging.manifest(None).name != want.name
+
+
 @pytest.mark.parametrize("spoil", ["edit", "missing", "group-writable", "symlink", "hard-link",
-                                   "writable-pycache"])
+                                   "writable-pycache", "pyc-group-writable", "pyc-symlink",
+                                   "pyc-hard-link"])
 def test_a_spoiled_copy_does_not_verify_and_is_staged_again(copy, tmp_path, spoil) -> None:
     directory, want = copy
     top = Path(directory.path) / want.name
@@ -155,6 +184,15 @@ def test_a_spoiled_copy_does_not_verify_and_is_staged_again(copy, tmp_path, spoi
         server.symlink_to(tmp_path / "elsewhere.py")
     elif spoil == "hard-link":
         os.link(server, tmp_path / "another-name")
+    elif spoil.startswith("pyc-"):  # the .pyc are checked without being read (issue 23)
+        pyc = top / "pkg" / "__pycache__" / f"server.{sys.implementation.cache_tag}.pyc"
+        if spoil == "pyc-group-writable":
+            pyc.chmod(0o664)
+        elif spoil == "pyc-symlink":
+            pyc.unlink()
+            pyc.symlink_to(tmp_path / "elsewhere.pyc")
+        else:
+            os.link(pyc, tmp_path / "another-pyc")
     else:  # a cache directory anyone may write: a planted .pyc would be loaded
         (top / "pkg" / "__pycache__").chmod(0o777)
     assert not staging.verified(directory, want.name, want)

@@ -10,6 +10,14 @@ of ours; every write goes through that descriptor, and any failure is silent. An
 the name (a FIFO, a device, a directory, a link, someone else's file) means no log at all: a
 NullHandler, so that logging's last-resort handler (stderr too) never runs either.
 
+The agent's own lines (server, registry) are written by :data:`LOG` without importing
+``logging`` (~10 ms in a target that has not imported it, on the first command's path: issue
+23), formatted as ``logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s")``
+would. Modules that use ``logging.getLogger("flight_profiler.agent")`` (the triggers) reach the
+same file through log_bridge.py, bound by :func:`use_logging` as soon as ``logging`` is imported
+or a command that may log through it is about to load (registry.py); never later, or their lines
+would find a logger without a handler and logging's last resort would print them on stderr.
+
 Bounded: past ``MAX_BYTES`` the file is renamed to ``NAME.1`` (the one kept rotation) and a new
 one opened the same careful way.
 
@@ -21,9 +29,11 @@ the file must be that owner's. Writes go through the descriptor and need no iden
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import stat
+import sys
+import threading
+import time
 
 from . import credentials
 
@@ -54,71 +64,120 @@ def open_log(path: str, home: int | None = None) -> int | None:
     return None
 
 
-class AgentLogHandler(logging.Handler):
-    """Writes formatted records to one descriptor; says nothing when it cannot."""
+class AgentLog:
+    """Writes lines to one descriptor; says nothing when it cannot (no descriptor: nowhere)."""
 
-    def __init__(self, path: str, fd: int, home: int | None = None) -> None:
-        super().__init__()
-        self.path = path
-        self.home = home
-        self.fd: int | None = fd
+    def __init__(self) -> None:
+        self.path = ""
+        self.home: int | None = None
+        self.fd: int | None = None
+        self.size = 0
+        # one writer at a time: a rotation must not close a descriptor another thread is
+        # writing through (its number could be reused meanwhile)
+        self._lock = threading.Lock()
+
+    def after_fork(self) -> None:
+        """In a forked child: the lock may have been held by a thread that does not exist here."""
+        self._lock = threading.Lock()
+
+    def open(self, path: str, home: int | None = None) -> None:
+        """Write to ``path`` from now on (see the module's docstring), or nowhere at all."""
+        fd = open_log(path, home)
         try:
-            self.size = os.fstat(fd).st_size
+            size = os.fstat(fd).st_size if fd is not None else 0
         except OSError:
-            self.size = 0
+            size = 0
+        with self._lock:
+            self._close()
+            self.path, self.home, self.fd, self.size = path, home, fd, size
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def write(self, line: str) -> None:
+        """Append ``line`` and a newline, rotating first past MAX_BYTES."""
         try:
-            data = (self.format(record) + "\n").encode("utf-8", "replace")
-            if self.size + len(data) > MAX_BYTES:
-                self._rotate()
-            fd = self.fd
-            if fd is None:
-                return
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            self.size += len(data)
+            data = (line + "\n").encode("utf-8", "replace")
+            with self._lock:
+                if self.fd is not None and self.size + len(data) > MAX_BYTES:
+                    self._rotate()
+                fd = self.fd
+                if fd is None:
+                    return
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                self.size += len(data)
         except BaseException:  # a log line is never worth an error in the target
             pass
+
+    def _line(self, level: str, msg: str, args: tuple[object, ...], trace: bool = False) -> None:
+        if self.fd is None:
+            return
+        try:
+            now = time.time()
+            text = msg % args if args else msg
+            if trace:
+                import traceback  # only for a failure: it costs ~5 ms to import
+
+                text += "\n" + traceback.format_exc().rstrip("\n")
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+            self.write(f"{stamp},{int(now * 1000) % 1000:03d} {os.getpid()} {level} {text}")
+        except BaseException:
+            pass
+
+    def info(self, msg: str, *args: object) -> None:
+        self._line("INFO", msg, args)
+
+    def warning(self, msg: str, *args: object) -> None:
+        self._line("WARNING", msg, args)
+
+    def error(self, msg: str, *args: object) -> None:
+        self._line("ERROR", msg, args)
+
+    def exception(self, msg: str, *args: object) -> None:
+        """An ERROR line with the traceback of the exception being handled."""
+        self._line("ERROR", msg, args, trace=True)
 
     def _rotate(self) -> None:
         old, self.fd = self.fd, None
         if old is not None:
             os.close(old)
         with contextlib.suppress(Exception):
+            path = self.path
             if self.home is None:
-                os.replace(self.path, self.path + ".1")
+                os.replace(path, path + ".1")
             else:
-                credentials.as_home(self.home, lambda: os.replace(self.path, self.path + ".1"))
+                credentials.as_home(self.home, lambda: os.replace(path, path + ".1"))
         self.fd = open_log(self.path, self.home)
         self.size = 0
 
-    def handleError(self, record: logging.LogRecord) -> None:
-        pass  # the default prints to the target's stderr
-
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        super().close()
 
 
-def setup(log: logging.Logger, path: str, home: int | None = None) -> None:
-    """Send ``log`` to ``path`` (see the module's docstring), or nowhere at all; ``home``: the
-    uid owning the log's directory, when the process does not act as it (a mixed-uid job)."""
-    log.propagate = False  # never reach the target's own handlers (they may print)
-    log.setLevel(logging.INFO)
-    for old in list(log.handlers):
-        log.removeHandler(old)
-        old.close()
-    fd = open_log(path, home)
-    handler: logging.Handler
-    if fd is None:
-        handler = logging.NullHandler()
-    else:
-        handler = AgentLogHandler(path, fd, home)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
-    log.addHandler(handler)
+LOG = AgentLog()  # the agent's log: server.py and registry.py write through it
+_bound = False  # whether logging's "flight_profiler.agent" logger writes through LOG
+
+
+def setup(path: str, home: int | None = None) -> None:
+    """Send the agent's log to ``path``, or nowhere at all; ``home``: the uid owning the log's
+    directory, when the process does not act as it (a mixed-uid job)."""
+    LOG.open(path, home)
+    if "logging" in sys.modules:  # the target has it (any torch job): binding costs nothing
+        use_logging()
+
+
+def use_logging() -> None:
+    """Bind logging's "flight_profiler.agent" logger to :data:`LOG` (importing logging), once."""
+    global _bound
+    if not _bound:
+        from . import log_bridge
+
+        log_bridge.bind(LOG)
+        _bound = True

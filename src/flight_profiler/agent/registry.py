@@ -15,14 +15,23 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import logging
 import threading
 import time
-from typing import Any, Callable
 
+from . import agent_log
 from .protocol import ERR_FAILED, ERR_USAGE
 
-log = logging.getLogger("flight_profiler.agent")
+TYPE_CHECKING = False  # not typing's: a target without it pays ~5 ms for it (issue 23)
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    Handler = Callable[["Context"], "dict[str, Any]"]
+
+log = agent_log.LOG
+# Command modules that log through neither logging nor anything that does: loading them does
+# not import logging (tests/unit/test_agent_log.py checks). Any other binds logging first, so
+# that the lines of what it imports (the triggers) reach the agent log (agent_log.py).
+_WITHOUT_LOGGING = frozenset({"status", "stack"})
 
 # command name -> "module:function" under agent/commands; imported on first use so that the
 # agent starts with the smallest footprint possible.
@@ -56,8 +65,6 @@ class CommandError(Exception):
         return {"kind": self.kind, "message": self.message, "hint": self.hint}
 
 
-Handler = Callable[["Context"], "dict[str, Any]"]
-
 
 def lookup(cmd: str) -> Handler:
     target = HANDLERS.get(cmd)
@@ -65,6 +72,8 @@ def lookup(cmd: str) -> Handler:
         known = ", ".join(sorted(HANDLERS))
         raise CommandError(f"unknown command {cmd!r}", f"known commands: {known}", ERR_USAGE)
     module_name, func_name = target.split(":")
+    if module_name not in _WITHOUT_LOGGING:
+        agent_log.use_logging()
     module = importlib.import_module(f"{__package__}.commands.{module_name}")
     handler: Handler = getattr(module, func_name)
     return handler

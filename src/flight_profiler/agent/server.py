@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import logging
 import os
 import socket
 import stat
@@ -35,10 +34,13 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, cast
 
 from . import agent_log, credentials, limits, protocol, registry
 from .outbox import Outbox
+
+TYPE_CHECKING = False  # not typing's: a target without it pays ~5 ms for it (issue 23)
+if TYPE_CHECKING:
+    from typing import Any
 
 AGENT_VERSION = "0.1.0"
 THREAD_PREFIX = "flight_profiler-"  # the agent's threads; `stack` hides them by default
@@ -51,7 +53,7 @@ _REFUSED_GRACE = 1.0  # a refused connection stays open (write side shut) this l
 #                       client to read why before it sees the end
 _UCRED = struct.Struct("3i")
 
-log = logging.getLogger("flight_profiler.agent")
+log = agent_log.LOG  # written without importing logging (agent_log.py)
 
 _lock = threading.Lock()
 _server: Server | None = None
@@ -329,7 +331,8 @@ class Connection:
     def run(self) -> None:
         # One deadline for the whole handshake: a client trickling a byte at a time must not
         # hold a connection (and its thread) for longer.
-        reader = cast(socket.socket, _Deadline(self.conn, time.monotonic() + _HELLO_TIMEOUT))
+        reader: socket.socket = _Deadline(  # type: ignore[assignment]  # reads like a socket
+            self.conn, time.monotonic() + _HELLO_TIMEOUT)
         hello = protocol.recv(reader, limits.MAX_REQUEST_BYTES)
         if hello is None or hello.get("type") != "hello":
             return
@@ -478,6 +481,7 @@ def _shutdown_quietly(sock: socket.socket) -> None:
 def _after_fork_in_child() -> None:
     """A forked child (e.g. a DataLoader worker) must not serve or touch the parent's clients."""
     global _server
+    agent_log.LOG.after_fork()
     server, _server = _server, None
     if server is None:
         return
@@ -552,7 +556,7 @@ def start(params: dict[str, Any]) -> None:
         uid = credentials.home_uid()
         credentials.as_home(uid, lambda: ensure_private_dir(protocol.socket_dir(uid), uid))
         server = Server(params)
-        agent_log.setup(log, server.log_path, uid)
+        agent_log.setup(server.log_path, uid)
         _hold_staged_copy(params)
         server.open()
         _server = server

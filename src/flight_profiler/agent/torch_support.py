@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from .atomic import write_atomic
+from .importing import still_importing
 from .protocol import ERR_TORCH_MISSING, ERR_USAGE
 from .registry import CommandError
 
@@ -71,13 +72,6 @@ def profiler_warnings() -> list[str]:
         seen = dict(_warnings_seen)
         _warnings_seen.clear()
     return [f"{message} x{times}" if times > 1 else message for message, times in seen.items()]
-
-
-def still_importing(module: Any) -> bool:
-    """Whether ``module`` is in sys.modules but its import has not finished (another thread is
-    running its ``__init__``): half of torch is there (``torch.Tensor``), ``torch.profiler`` or
-    ``torch.cuda`` may not be yet, and reading them races with the import."""
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def get_torch() -> Any:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 import struct
-from dataclasses import dataclass
+
+from flight_profiler.records import FrozenRecord, Record
 
 _MAPS_LINE = re.compile(
     r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) ([0-9a-f]+):([0-9a-f]+) (\d+)\s+(.*)$")
@@ -31,8 +32,10 @@ class SymbolError(Exception):
     """A symbol or an object could not be found or read; the text says which and why."""
 
 
-@dataclass(frozen=True)
-class Mapping:
+class Mapping(FrozenRecord):
+    """One line of /proc/PID/maps (frozen; records.py says why it is not a dataclass)."""
+
+    FIELDS = ("start", "end", "perms", "offset", "inode", "path")
     start: int
     end: int
     perms: str
@@ -40,13 +43,26 @@ class Mapping:
     inode: int
     path: str
 
+    def __init__(self, start: int, end: int, perms: str, offset: int, inode: int,
+                 path: str) -> None:
+        self._set("start", start)
+        self._set("end", end)
+        self._set("perms", perms)
+        self._set("offset", offset)
+        self._set("inode", inode)
+        self._set("path", path)
 
-@dataclass
-class LoadedObject:
-    path: str  # as the target sees it
-    inode: int
-    base: int  # lowest address of its offset-0 mapping
-    first: Mapping
+
+class LoadedObject(Record):
+    """An ELF object mapped in the target."""
+
+    FIELDS = ("path", "inode", "base", "first")
+
+    def __init__(self, path: str, inode: int, base: int, first: Mapping) -> None:
+        self.path = path  # as the target sees it
+        self.inode = inode
+        self.base = base  # lowest address of its offset-0 mapping
+        self.first = first
 
 
 def parse_maps(text: str) -> list[Mapping]:

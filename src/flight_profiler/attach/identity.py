@@ -15,10 +15,10 @@ from __future__ import annotations
 import errno
 import os
 import select
-from dataclasses import dataclass
 
 from flight_profiler.attach.process import TargetInfo
 from flight_profiler.errors import ProcessNotFound
+from flight_profiler.records import FrozenRecord
 
 
 def _replaced(pid: int, why: str) -> ProcessNotFound:
@@ -28,13 +28,18 @@ def _replaced(pid: int, why: str) -> ProcessNotFound:
         "pid,lstart,user,cmd`) and retry")
 
 
-@dataclass(frozen=True)
-class Seen:
-    """What identifies the process: the pre-flight's view of it."""
+class Seen(FrozenRecord):
+    """What identifies the process: the pre-flight's view of it (frozen; records.py says why it is not a dataclass)."""
 
+    FIELDS = ("start_time", "exe", "uid")
     start_time: int
     exe: str
     uid: int
+
+    def __init__(self, start_time: int, exe: str, uid: int) -> None:
+        self._set("start_time", start_time)
+        self._set("exe", exe)
+        self._set("uid", uid)
 
 
 def parse(stat: str, status: str, exe: str) -> Seen:

@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
 
 from flight_profiler.attach import remote_exec
 from flight_profiler.attach.methods import METHODS
 from flight_profiler.attach.outcome import Outcome
 from flight_profiler.attach.process import TargetInfo
 from flight_profiler.errors import AttachFailed, UsageError, gdb_missing, pyrasite_missing
+from flight_profiler.records import Record
 
+TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
 if TYPE_CHECKING:
+    from typing import Callable
+
     from flight_profiler.attach import identity
 
 _BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -88,24 +90,42 @@ def bootstrap_text(params: dict[str, object]) -> str:
     )
 
 
-@dataclass
-class Injection:
-    method: str
-    detail: str  # what happened, for -v and for explaining a timeout
-    evidence: Outcome | None = None  # what the ptrace or gdb injector saw
+class Injection(Record):
+    """What one injection did (records.py says why it is not a dataclass)."""
+
+    FIELDS = ("method", "detail", "evidence")
+
+    def __init__(self, method: str, detail: str, evidence: Outcome | None = None) -> None:
+        self.method = method
+        self.detail = detail  # what happened, for -v and for explaining a timeout
+        self.evidence = evidence  # what the ptrace or gdb injector saw
 
 
 def inject(target: TargetInfo, method: str, deadline: float,
            say: Callable[[str], None] = lambda s: None) -> Injection:
     """Stage the agent and run the chosen injector once. Does not wait for the agent."""
-    from flight_profiler.attach import gdb, ptrace, pyrasite
+    from flight_profiler.attach import ptrace
 
-    gdb_path = gdb.gdb_path()
-    chosen = choose_method(
-        method, target.version, sys.version_info[:2],
-        remote_exec.disabled_in(target.environ, target.cmdline),
-        gdb_path is not None, pyrasite.available(), ptrace.supported(),
-    )
+    def choose(gdb_available: bool, pyrasite_available: bool) -> str:
+        return choose_method(method, target.version, sys.version_info[:2],
+                             remote_exec.disabled_in(target.environ, target.cmdline),
+                             gdb_available, pyrasite_available, ptrace.supported())
+
+    # Whether gdb or pyrasite is there matters only where the choice falls on them: looked up
+    # then (gdb's module imports shutil, bz2, lzma: ~10 ms of a first command, issue 23).
+    chosen = choose(True, True)
+    gdb_path = None
+    if chosen == "gdb":
+        from flight_profiler.attach import gdb
+
+        gdb_path = gdb.gdb_path()
+        if gdb_path is None:
+            chosen = choose(False, True)  # raises: no gdb to fall back on
+    elif chosen == "pyrasite":
+        from flight_profiler.attach import pyrasite
+
+        if not pyrasite.available():
+            chosen = choose(True, False)  # raises: pyrasite is missing
     say(f"injection method: {chosen}")
     helper_path, helper_note = (None, "not needed")
     if chosen == "gdb":
@@ -127,7 +147,7 @@ def inject(target: TargetInfo, method: str, deadline: float,
 def _inject_pinned(target: TargetInfo, chosen: str, deadline: float,
                    say: Callable[[str], None], pin: identity.Pin, helper_path: str | None,
                    helper_note: str) -> Injection:
-    from flight_profiler.attach import gdb, pyrasite, staging
+    from flight_profiler.attach import staging
 
     staged = staging.stage(target.home, target.ns_pid, target.root, helper_path, target.pid_ns)
     say(f"agent staged at {staged.pkg}")
@@ -143,6 +163,8 @@ def _inject_pinned(target: TargetInfo, chosen: str, deadline: float,
                            os.path.join(target.root, inner.lstrip("/")), inner)
         return Injection("remote_exec", "sys.remote_exec queued the bootstrap")
     if chosen == "pyrasite":
+        from flight_profiler.attach import pyrasite
+
         pyrasite.inject(target.pid, bootstrap_text(base), max(deadline - time.time(), 1.0))
         return Injection("pyrasite", "pyrasite ran the bootstrap")
     foreign = bootstrap_text({**base, "foreign": True})
@@ -152,6 +174,8 @@ def _inject_pinned(target: TargetInfo, chosen: str, deadline: float,
 
         outcome = ptrace_inject.inject(target, foreign, pending, say, pin=pin)
     else:
+        from flight_profiler.attach import gdb
+
         assert target.version is not None
         outcome = gdb.inject(target.pid, target.version, staged.helper, foreign, pending)
         for key, value in outcome.values.items():

@@ -25,10 +25,13 @@ import contextlib
 import ctypes
 import os
 import struct
-from dataclasses import dataclass
-from typing import Callable
 
 from flight_profiler.errors import AttachFailed
+from flight_profiler.records import FrozenRecord
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a command ~6 ms (issue 23)
+if TYPE_CHECKING:
+    from typing import Callable
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 RET_KILL_PROCESS = 0x80000000
@@ -88,11 +91,19 @@ CALLS: tuple[tuple[str, int, tuple[int, ...]], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Status:
+
+class Status(FrozenRecord):
+    """The seccomp lines of /proc/PID/status (frozen; records.py says why it is not a dataclass)."""
+
+    FIELDS = ("mode", "filters", "shadow_stack")
     mode: int  # 0 none, 1 strict, 2 filter, -1 unknown (no such line: kernel without seccomp)
     filters: int  # -1: unknown (kernels before 5.9 do not say)
     shadow_stack: bool
+
+    def __init__(self, mode: int, filters: int, shadow_stack: bool) -> None:
+        self._set("mode", mode)
+        self._set("filters", filters)
+        self._set("shadow_stack", shadow_stack)
 
 
 def parse_status(text: str) -> Status:

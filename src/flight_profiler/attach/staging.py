@@ -3,7 +3,9 @@
 The CLI's own install may be unreadable to the target's user (root's venv) or invisible to it
 (another mount namespace: a container), so the agent package (and, for the gdb injector, the
 helper library) is copied under the target's root (/proc/PID/root), into a directory named after
-its content hash (copied once per version):
+its content hash and the CLI's bytecode cache tag (copied once per version), with the CLI's own
+bytecode of each module in the ``__pycache__`` the CLI makes (a checked-hash .pyc: the target
+checks it against the verified source; a target of another version compiles the source):
 
 - by root, into /tmp/flight_profiler-code (``AgentDir.open_code_dir``): root's, directories
   0755, files 0644: every target can read it, no other user can write it. Root never stages
@@ -27,14 +29,14 @@ import errno
 import fcntl
 import hashlib
 import os
-import secrets
 import stat
+import sys
 import time
-from dataclasses import dataclass
 
 from flight_profiler.agent import protocol
 from flight_profiler.attach.agent_dir import AgentDir
 from flight_profiler.errors import PermissionDenied, cannot_stage
+from flight_profiler.records import Record
 
 _AGENT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -50,32 +52,41 @@ SETTLE_SECONDS = 600.0
 _MAX_ENTRIES = 4096  # a copy is ~50 files (and their .pyc): more does not verify
 
 
-@dataclass
-class Staged:
-    pkg: str  # agent package directory, as the target sees it
-    helper: str | None  # helper library, as the target sees it
-    log: str  # agent log, as the target sees it
-    name: str = ""  # the staged copy's directory name inside its staging directory
-    sock: str = ""  # the agent's socket name inside the private directory
+class Staged(Record):
+    """Where the agent was staged (records.py says why it is not a dataclass)."""
+
+    FIELDS = ("pkg", "helper", "log", "name", "sock")
+
+    def __init__(self, pkg: str, helper: str | None, log: str, name: str = "",
+                 sock: str = "") -> None:
+        self.pkg = pkg  # agent package directory, as the target sees it
+        self.helper = helper  # helper library, as the target sees it
+        self.log = log  # agent log, as the target sees it
+        self.name = name  # the staged copy's directory name inside its staging directory
+        self.sock = sock  # the agent's socket name inside the private directory
 
 
-@dataclass
-class Manifest:
+class Manifest(Record):
     """What a copy of this CLI's agent holds: relative path -> sha256 of its content."""
 
-    files: list[str]  # the agent's .py files, relative to the package
-    helper: str | None  # the helper library to copy beside the package
-    hashes: dict[str, str]  # every regular file the copy must hold, relative to the copy
-    name: str  # the copy's directory name (its content hash)
+    FIELDS = ("files", "helper", "hashes", "name")
+
+    def __init__(self, files: list[str], helper: str | None, hashes: dict[str, str],
+                 name: str) -> None:
+        self.files = files  # the agent's .py files, relative to the package
+        self.helper = helper  # the helper library to copy beside the package
+        self.hashes = hashes  # every regular file the copy must hold, relative to the copy
+        self.name = name  # the copy's directory name (its content hash)
 
 
 def _agent_files() -> list[str]:
     out = []
+    skip = len(_AGENT_DIR) + 1  # os.walk's paths start with it (relpath: two abspath each)
     for dirpath, dirnames, filenames in os.walk(_AGENT_DIR):
         dirnames[:] = sorted(d for d in dirnames if d != PYCACHE)
         for name in sorted(filenames):
             if name.endswith(".py"):
-                out.append(os.path.relpath(os.path.join(dirpath, name), _AGENT_DIR))
+                out.append(os.path.join(dirpath, name)[skip:])
     return out
 
 
@@ -87,6 +98,9 @@ def _read(path: str) -> bytes:
 def manifest(helper: str | None) -> Manifest:
     files = _agent_files()
     h = hashlib.sha256()
+    # A copy holds this interpreter's bytecode beside the source (_bytecode): one copy per
+    # cache tag, so that a target of the CLI's version always finds it there
+    h.update(f"bytecode {sys.implementation.cache_tag}\0".encode())
     hashes: dict[str, str] = {}
     for rel in files:
         data = _read(os.path.join(_AGENT_DIR, rel))
@@ -191,15 +205,19 @@ def verified(directory: AgentDir, name: str, want: Manifest) -> bool:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append((os.open(entry.name, _DIR_FLAGS, dir_fd=fd), path))
                             continue
+                        if path not in want.hashes:  # a .pyc: checked, never read
+                            st = entry.stat(follow_symlinks=False)  # fstatat, no link followed
+                            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not _ours(st):
+                                return False
+                            continue
                         ffd = os.open(entry.name, _READ_FLAGS, dir_fd=fd)
                         try:
                             st = os.fstat(ffd)
                             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or not _ours(st):
                                 return False
-                            if path in want.hashes:
-                                if _hash_fd(ffd) != want.hashes[path]:
-                                    return False
-                                seen.add(path)
+                            if _hash_fd(ffd) != want.hashes[path]:
+                                return False
+                            seen.add(path)
                         finally:
                             os.close(ffd)
             finally:
@@ -213,8 +231,13 @@ def verified(directory: AgentDir, name: str, want: Manifest) -> bool:
 
 
 # -- building a copy ----------------------------------------------------------------------------
-def _copy_into(dir_fd: int, name: str, source: str, mode: int) -> None:
+def _copy_into(dir_fd: int, name: str, source: str, mode: int) -> bytes:
     data = _read(source)
+    _write_new(dir_fd, name, data, mode)
+    return data
+
+
+def _write_new(dir_fd: int, name: str, data: bytes, mode: int) -> None:
     fd = os.open(name, _NEW_FILE, 0o600, dir_fd=dir_fd)
     try:
         view = memoryview(data)
@@ -223,6 +246,31 @@ def _copy_into(dir_fd: int, name: str, source: str, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def _bytecode(source: bytes, name: str) -> tuple[str, bytes] | None:
+    """This interpreter's bytecode of one agent module: the .pyc name in ``__pycache__`` and a
+    checked-hash .pyc (PEP 552), or None where it has no cache tag or cannot compile it.
+
+    A target of the same version loads it instead of compiling the module on every attach (the
+    target cannot write ``__pycache__`` itself: root's, or PYTHONDONTWRITEBYTECODE): ~35 ms of
+    the first command (issue 23). Its interpreter checks the embedded hash of the source (the
+    verified .py beside it) at each import and compiles the source when they differ; another
+    version sees another magic number or cache tag and compiles, as without it.
+    """
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return None
+    import importlib.util  # only when a copy is built (once per version of the agent)
+    import marshal
+
+    try:
+        code = compile(source, name, "exec", dont_inherit=True, optimize=0)
+    except (SyntaxError, ValueError):
+        return None
+    flags = (0b11).to_bytes(4, "little")  # hash-based, checked
+    header = importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(source)
+    return f"{name[:-len('.py')]}.{tag}.pyc", header + marshal.dumps(code)
 
 
 def _subdir(dir_fd: int, name: str) -> int:
@@ -240,15 +288,22 @@ def _subdir(dir_fd: int, name: str) -> int:
 
 def _build(top_fd: int, want: Manifest) -> None:
     opened: dict[str, int] = {"": _subdir(top_fd, "pkg")}
+    caches: dict[str, int] = {}
     try:
         for rel in want.files:
             parent = os.path.dirname(rel)
             if parent not in opened:
                 # os.walk lists parents first, so the parent's parent is already open
                 opened[parent] = _subdir(opened[os.path.dirname(parent)], os.path.basename(parent))
-            _copy_into(opened[parent], os.path.basename(rel), os.path.join(_AGENT_DIR, rel), 0o644)
+            name = os.path.basename(rel)
+            data = _copy_into(opened[parent], name, os.path.join(_AGENT_DIR, rel), 0o644)
+            compiled = _bytecode(data, name)
+            if compiled is not None:
+                if parent not in caches:
+                    caches[parent] = os.open(PYCACHE, _DIR_FLAGS, dir_fd=opened[parent])
+                _write_new(caches[parent], compiled[0], compiled[1], 0o644)
     finally:
-        for fd in opened.values():
+        for fd in [*opened.values(), *caches.values()]:
             os.close(fd)
     if want.helper:
         _copy_into(top_fd, HELPER, want.helper, 0o755)
@@ -280,7 +335,7 @@ def _open_new_dir(agent_dir: AgentDir, tmp: str) -> int:
 
 
 def _stage_new(agent_dir: AgentDir, want: Manifest) -> None:
-    tmp = f".staging-{secrets.token_hex(8)}"
+    tmp = f".staging-{os.urandom(8).hex()}"  # what secrets.token_hex does, without its imports
     os.mkdir(tmp, 0o700, dir_fd=agent_dir.fd)
     try:
         top_fd = _open_new_dir(agent_dir, tmp)

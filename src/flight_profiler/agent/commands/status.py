@@ -6,10 +6,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any
 
-from ..registry import Context
-from ..torch_support import still_importing
+from ..importing import still_importing
+
+TYPE_CHECKING = False  # not typing's: a target without it pays ~5 ms for it (issue 23)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ..registry import Context
 
 
 def _torch_info() -> dict[str, Any]:
