@@ -104,6 +104,13 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
                          why="optimizer.zero_grad() lost: gradients accumulate"),
         notes="DataLoader with 2 workers; autocast/GradScaler enabled only on CUDA"),
     Program(
+        "vae", r"Train Epoch: 1 \[1280/",
+        forward=("__main__", "VAE", "forward"), step=("torch.optim.adam", "Adam", "step"),
+        mistake=Expected(("graph-chain",), holder="train_loss", fix=(".item()",),
+                         why="train_loss += loss: the epoch's running sum chains every step's graph"),
+        notes="pytorch/examples' VAE: train(epoch) resets its running sum at each epoch (~6 s); "
+              "DataLoader with 2 persistent workers"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),
