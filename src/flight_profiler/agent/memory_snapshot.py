@@ -169,9 +169,8 @@ def _enter_py_call(node: Any, outer: _Context | None, frames: FrameTable) -> _Co
         fields = None
     if fields is None:
         return outer
-    callers = (frames.frame(getattr(fields, "caller", None)),)
-    if outer is not None:
-        callers += outer.callers[:MAX_FRAMES - 2]
+    caller = frames.frame(getattr(fields, "caller", None))
+    callers = (caller, *outer.callers[:MAX_FRAMES - 2]) if outer is not None else (caller,)
     return _Context(frames.frame(getattr(fields, "callsite", None)), callers)
 
 
