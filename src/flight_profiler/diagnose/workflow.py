@@ -55,10 +55,15 @@ WINDOW_SAMPLE_S = 3.0
 # report needs; every profiled step of a Python-heavy loop costs seconds (the profiler records
 # each operator and Python call) and megabytes of trace.
 PROFILE_CALLS = 5
-# Calls recorded, traced and profiled when one call of the method is costly (Run.calls_for):
+# Calls traced and profiled when one call of the method is costly (Run.calls_for):
 # each such call is a whole step of seconds under the profiler or the tracer (an LBFGS step:
 # 5 closure calls), and 3 whole steps are what the report's per-step figures need.
 HEAVY_CALLS = 3
+# Calls recorded (`torch memory -r`) when one is costly: the recording shows where the method
+# allocates (the report's sites and the peak inside the calls), which one whole step of seconds
+# already shows (an LBFGS step: 5 closure calls, 17,000 allocations); no rule judges per-step
+# figures on it (those come from the profile's 3 steps), and each recorded step cost 2-3 s here.
+HEAVY_RECORD_CALLS = 1
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
@@ -218,7 +223,7 @@ def phase_record(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
     path = run.path("record.pickle")
-    calls = run.calls_for(HEAVY_CALLS)
+    calls = run.calls_for(HEAVY_RECORD_CALLS)
     request = torch_requests.memory(run.words(), record=True, calls=calls, file=path,
                                     timeout=o.timeout)
     result = run.command(phase, request, expect_calls=calls)
