@@ -164,3 +164,35 @@ def test_the_wait_stops_loading_at_its_end(tmp_path: Path, monkeypatch: pytest.M
     loader = preload.Preloader()
     loader.warm([str(p) for p in paths], 0.0)
     assert loader.taken([str(p) for p in paths]) == {}
+
+
+def test_a_big_trace_is_loaded_while_the_last_phases_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a trace too big for the waits (an LBFGS loop's phases leave no wait at all: a
+    # with_stack trace of 3 steps took 2-3 s of the report)
+    import threading
+
+    monkeypatch.setattr(preload, "PRELOAD_MAX_BYTES", 100)
+    driver = FakeDriver()
+    loads: list[tuple[str, int, bool]] = []  # (file, commands sent by then, in the main thread)
+    real = loaders.load_one
+
+    def counted(path: str) -> Any:
+        loads.append((os.path.basename(path), len(driver.lines),
+                      threading.current_thread() is threading.main_thread()))
+        return real(path)
+
+    monkeypatch.setattr(loaders, "load_one", counted)
+    monkeypatch.setattr(engine, "load_one", counted)
+    # WHEN it is diagnosed
+    result = run_diagnosis(driver, _options(tmp_path, calls=4, duration=0.1))
+    # THEN the profile's trace is loaded once, by a thread of its own once the last census is
+    # taken (no phase after it measures time), and the report uses that load
+    after_census = next(i for i, ln in enumerate(driver.lines) if "census-after.json" in ln) + 1
+    trace = [(sent, main) for name, sent, main in loads if name == "profile.json.gz"]
+    assert len(trace) == 1 and trace[0][0] >= after_census and not trace[0][1], loads
+    # what is written later is left to the report, which loads every artefact once
+    assert all(main for name, _, main in loads if name in ("grads.json", "snapshot-after.pickle"))
+    assert sorted(name for name, _, _ in loads) == sorted(
+        os.path.basename(f) for p in result.phases if p.name != "report" for f in p.files)
+    assert result.report is not None and result.report.findings[0].rule == "graph-retention"

@@ -366,6 +366,11 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
 ]
 
 
+# From this phase's end on no phase measures time (the "after" snapshot, the gradients): the
+# report's inputs written by then are loaded meanwhile, in a thread (preload.py).
+LOAD_BEHIND_AFTER = "census-after"
+
+
 def _run_phase(run: Run, name: str, title: str, fn: PhaseFn) -> PhaseResult:
     phase = PhaseResult(name, title, started=time.time())
     started = time.monotonic()
@@ -409,6 +414,8 @@ def run_diagnosis(driver: Driver, options: DiagnoseOptions, progress: Progress |
         result.phases.append(phase)
         run.artefacts.extend(phase.files)
         progress.done(phase)
+        if name == LOAD_BEHIND_AFTER:
+            run.preloader.load_behind(run.artefacts)
     from flight_profiler.diagnose.outputs import build_report, write_diagnose_json
 
     progress.phase(total, total, "Report")
