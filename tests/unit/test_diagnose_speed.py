@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,8 +179,10 @@ def test_a_big_trace_is_loaded_while_the_last_phases_run(
     real = loaders.load_one
 
     def counted(path: str) -> Any:
-        loads.append((os.path.basename(path), len(driver.lines),
-                      threading.current_thread() is threading.main_thread()))
+        main = threading.current_thread() is threading.main_thread()
+        loads.append((os.path.basename(path), len(driver.lines), main))
+        if not main:
+            time.sleep(0.5)  # longer than the fake's last phases: the report waits for it
         return real(path)
 
     monkeypatch.setattr(loaders, "load_one", counted)
@@ -196,3 +199,6 @@ def test_a_big_trace_is_loaded_while_the_last_phases_run(
     assert sorted(name for name, _, _ in loads) == sorted(
         os.path.basename(f) for p in result.phases if p.name != "report" for f in p.files)
     assert result.report is not None and result.report.findings[0].rule == "graph-retention"
+    # the report's time counts the wait for that load
+    report = result.phases[-1]
+    assert report.name == "report" and report.seconds >= report.data["waited_for_loads_s"] >= 0.3

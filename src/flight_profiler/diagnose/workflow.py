@@ -419,7 +419,12 @@ def run_diagnosis(driver: Driver, options: DiagnoseOptions, progress: Progress |
     from flight_profiler.diagnose.outputs import build_report, write_diagnose_json
 
     progress.phase(total, total, "Report")
-    phase = build_report(result, run.preloader.taken(result.artefacts))
+    waited = time.monotonic()
+    loaded = run.preloader.taken(result.artefacts)  # waits for the loads still running
+    waited = time.monotonic() - waited
+    phase = build_report(result, loaded)
+    phase.seconds += waited  # the report's time, wherever its inputs were loaded
+    phase.data["waited_for_loads_s"] = round(waited, 3)
     result.phases.append(phase)
     progress.done(phase)
     result.finished = time.time()
