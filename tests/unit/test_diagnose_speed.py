@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,10 @@ def test_a_costly_method_is_observed_for_fewer_calls(tmp_path: Path) -> None:
     # WHEN it is diagnosed
     run_diagnosis(driver, _options(tmp_path, calls=10))
     # THEN the profile holds 3 of its calls (3 whole steps, per call or around), not 5; its cost
-    # is watched over 5 calls, not 10; gradients are measured after 3 calls, not 5; recording
-    # and tracing stay at 3
+    # is watched over 5 calls, not 10; gradients are measured after 3 calls, not 5; tracing
+    # stays at 3; one call is recorded (where it allocates: one whole step shows it)
     assert _calls_asked(driver) == {
-        "torch profile": 3, "torch memory -r": 3, "watch __main__": 5, "trace __main__": 3,
+        "torch profile": 3, "torch memory -r": 1, "watch __main__": 5, "trace __main__": 3,
         "torch grads": 3}
 
 
@@ -164,3 +165,40 @@ def test_the_wait_stops_loading_at_its_end(tmp_path: Path, monkeypatch: pytest.M
     loader = preload.Preloader()
     loader.warm([str(p) for p in paths], 0.0)
     assert loader.taken([str(p) for p in paths]) == {}
+
+
+def test_a_big_trace_is_loaded_while_the_last_phases_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a trace too big for the waits (an LBFGS loop's phases leave no wait at all: a
+    # with_stack trace of 3 steps took 2-3 s of the report)
+    import threading
+
+    monkeypatch.setattr(preload, "PRELOAD_MAX_BYTES", 100)
+    driver = FakeDriver()
+    loads: list[tuple[str, int, bool]] = []  # (file, commands sent by then, in the main thread)
+    real = loaders.load_one
+
+    def counted(path: str) -> Any:
+        main = threading.current_thread() is threading.main_thread()
+        loads.append((os.path.basename(path), len(driver.lines), main))
+        if not main:
+            time.sleep(0.5)  # longer than the fake's last phases: the report waits for it
+        return real(path)
+
+    monkeypatch.setattr(loaders, "load_one", counted)
+    monkeypatch.setattr(engine, "load_one", counted)
+    # WHEN it is diagnosed
+    result = run_diagnosis(driver, _options(tmp_path, calls=4, duration=0.1))
+    # THEN the profile's trace is loaded once, by a thread of its own once the last census is
+    # taken (no phase after it measures time), and the report uses that load
+    after_census = next(i for i, ln in enumerate(driver.lines) if "census-after.json" in ln) + 1
+    trace = [(sent, main) for name, sent, main in loads if name == "profile.json.gz"]
+    assert len(trace) == 1 and trace[0][0] >= after_census and not trace[0][1], loads
+    # what is written later is left to the report, which loads every artefact once
+    assert all(main for name, _, main in loads if name in ("grads.json", "snapshot-after.pickle"))
+    assert sorted(name for name, _, _ in loads) == sorted(
+        os.path.basename(f) for p in result.phases if p.name != "report" for f in p.files)
+    assert result.report is not None and result.report.findings[0].rule == "graph-retention"
+    # the report's time counts the wait for that load
+    report = result.phases[-1]
+    assert report.name == "report" and report.seconds >= report.data["waited_for_loads_s"] >= 0.3

@@ -156,12 +156,17 @@ def write_pickle(path: str, obj: Any) -> int:
     return write_atomic(path, write)
 
 
+# gzip's fastest level: a with_stack trace of 3 LBFGS steps (70 MB of JSON) took 0.7 s to
+# compress at level 6 and 0.27 s at 1, in the target's process, for 5 MB instead of 4.
+GZIP_LEVEL = 1
+
+
 def write_json(path: str, obj: Any) -> int:
     """JSON to ``path`` atomically; gzip when the name ends in .gz."""
 
     def write(f: IO[bytes]) -> None:
         if path.endswith(".gz"):
-            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as gz:
+            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
                 _dump_json(obj, gz)
         else:
             _dump_json(obj, f)
@@ -177,7 +182,7 @@ def write_blocks(path: str, blocks: Iterable[bytes]) -> int:
 
     def write(f: IO[bytes]) -> None:
         if path.endswith(".gz"):
-            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as gz:
+            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
                 for block in blocks:
                     gz.write(block)
         else:

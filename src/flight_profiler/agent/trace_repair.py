@@ -27,7 +27,12 @@ from typing import Any
 # Python): a member's value whose first inner quote is followed by something no closing quote
 # is (``"name": "f(0): "",``), a backslash, or a control character a JSON string may not hold
 # raw. A name holding ``", `` is not seen (the cheap scan cannot tell it from two members).
-_SUSPECTS = (re.compile(rb'": "[^"\n]*"[^,\s}\]:]'), re.compile(rb"[\\\x00-\x09\x0b\x0c\x0e-\x1f]"))
+_QUOTE_SUSPECT = re.compile(rb'": "[^"\n]*"[^,\s}\]:]')
+_BYTE_SUSPECT = re.compile(rb"[\\\x00-\x09\x0b\x0c\x0e-\x1f]")
+# Every byte _BYTE_SUSPECT does not look for: ``text.translate(None, _PLAIN_BYTES)`` keeps only
+# those it does, in one C pass; most traces hold none, and the regex's scan of a 70 MB trace
+# took 0.66 s (the quote pattern's 0.26 s).
+_PLAIN_BYTES = bytes(b for b in range(256) if not _BYTE_SUSPECT.match(bytes([b])))
 _MEMBER = re.compile(rb'^(\s*"[^"\\\n]*"\s*:\s*)"(.*)"(\s*,?\s*)$', re.DOTALL)
 # A line longer than this is not one of torch's member lines (a compact one-line JSON file):
 # it passes through unmended, and the streaming mender never holds more than this of a line.
@@ -50,8 +55,9 @@ def _mend_line(line: bytes) -> bytes | None:
 
 def mend(text: bytes) -> tuple[bytes, int]:
     """(``text`` with its broken string members escaped, how many lines were mended)."""
+    suspects = [_QUOTE_SUSPECT] + ([_BYTE_SUSPECT] if text.translate(None, _PLAIN_BYTES) else [])
     starts = sorted({text.rfind(b"\n", 0, m.start()) + 1
-                     for suspect in _SUSPECTS for m in suspect.finditer(text)})
+                     for suspect in suspects for m in suspect.finditer(text)})
     if not starts:
         return text, 0
     out: list[bytes] = []

@@ -6,6 +6,12 @@ artefacts written by then (the profile's trace above all: 0.4 s of the DCGAN's 1
 are done in that sleep instead of after the last phase. Nothing is measured while the workflow
 sleeps, so the CPU this takes from the target skews no figure.
 
+The last live phases (the "after" snapshot, the gradients) measure no time: while
+they run, the inputs written by then, the profile's big trace included, are loaded in a thread
+(``load_behind``), so that the report does not start with seconds of decoding (a with_stack
+trace of 3 LBFGS steps: 2-3 s, and no wait to hide it in, the phases of such a loop being longer
+than ``--duration``).
+
 Only in a directory that no one else may write: there (root diagnosing another user's job)
 evidence.analyze_artefacts reads each artefact once, through a checked descriptor, and a file
 read by its name earlier could have been swapped since. A file loaded here is used only if it is
@@ -14,8 +20,10 @@ still the same file (inode, size, modification time) when the report is built.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -53,10 +61,27 @@ class Preloader:
 
     def __init__(self) -> None:
         self._loaded: dict[str, tuple[Signature, InputResult]] = {}
+        self._behind: threading.Thread | None = None
 
-    def warm(self, paths: list[str], seconds: float) -> None:
+    def load_behind(self, paths: list[str]) -> None:
+        """Load those of ``paths`` not loaded yet, big ones included, in a thread of their own
+        while the caller goes on (only while no phase that measures time runs); ``taken`` waits
+        for it. A load that fails is left to the report."""
+        if self._behind is not None:
+            return
+        todo = list(paths)
+
+        def load() -> None:
+            with contextlib.suppress(Exception):
+                self.warm(todo, float("inf"), big=True)
+
+        self._behind = threading.Thread(target=load, name="flight_profiler-preload", daemon=True)
+        self._behind.start()
+
+    def warm(self, paths: list[str], seconds: float, big: bool = False) -> None:
         """Load those of ``paths`` not loaded yet, for about ``seconds`` (a load once started is
-        finished: the report would spend that time anyway)."""
+        finished: the report would spend that time anyway); with ``big``, those bigger than
+        PRELOAD_MAX_BYTES too."""
         deadline = time.monotonic() + seconds
         from flight_profiler.report.loaders import load_one
 
@@ -66,13 +91,17 @@ class Preloader:
             if path in self._loaded or not _private(os.path.dirname(os.path.abspath(path))):
                 continue
             sig = _signature(path)
-            if sig is None or sig[1] * (10 if path.endswith(".gz") else 1) > PRELOAD_MAX_BYTES:
+            if sig is None or (not big and sig[1] * (10 if path.endswith(".gz") else 1)
+                               > PRELOAD_MAX_BYTES):
                 continue
             self._loaded[path] = (sig, load_one(path))
 
     def taken(self, paths: list[str]) -> dict[str, InputResult]:
         """The loaded inputs among ``paths`` whose files are unchanged since; each is handed out
         once (the engine may annotate what it is given)."""
+        if self._behind is not None:
+            self._behind.join()
+            self._behind = None
         out: dict[str, InputResult] = {}
         for path in paths:
             entry = self._loaded.pop(path, None)

@@ -55,10 +55,15 @@ WINDOW_SAMPLE_S = 3.0
 # report needs; every profiled step of a Python-heavy loop costs seconds (the profiler records
 # each operator and Python call) and megabytes of trace.
 PROFILE_CALLS = 5
-# Calls recorded, traced and profiled when one call of the method is costly (Run.calls_for):
+# Calls traced and profiled when one call of the method is costly (Run.calls_for):
 # each such call is a whole step of seconds under the profiler or the tracer (an LBFGS step:
 # 5 closure calls), and 3 whole steps are what the report's per-step figures need.
 HEAVY_CALLS = 3
+# Calls recorded (`torch memory -r`) when one is costly: the recording shows where the method
+# allocates (the report's sites and the peak inside the calls), which one whole step of seconds
+# already shows (an LBFGS step: 5 closure calls, 17,000 allocations); no rule judges per-step
+# figures on it (those come from the profile's 3 steps), and each recorded step cost 2-3 s here.
+HEAVY_RECORD_CALLS = 1
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
@@ -218,7 +223,7 @@ def phase_record(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
     path = run.path("record.pickle")
-    calls = run.calls_for(HEAVY_CALLS)
+    calls = run.calls_for(HEAVY_RECORD_CALLS)
     request = torch_requests.memory(run.words(), record=True, calls=calls, file=path,
                                     timeout=o.timeout)
     result = run.command(phase, request, expect_calls=calls)
@@ -361,6 +366,11 @@ PHASES: list[tuple[str, str, PhaseFn]] = [
 ]
 
 
+# From this phase's end on no phase measures time (the "after" snapshot, the gradients): the
+# report's inputs written by then are loaded meanwhile, in a thread (preload.py).
+LOAD_BEHIND_AFTER = "census-after"
+
+
 def _run_phase(run: Run, name: str, title: str, fn: PhaseFn) -> PhaseResult:
     phase = PhaseResult(name, title, started=time.time())
     started = time.monotonic()
@@ -404,10 +414,17 @@ def run_diagnosis(driver: Driver, options: DiagnoseOptions, progress: Progress |
         result.phases.append(phase)
         run.artefacts.extend(phase.files)
         progress.done(phase)
+        if name == LOAD_BEHIND_AFTER:
+            run.preloader.load_behind(run.artefacts)
     from flight_profiler.diagnose.outputs import build_report, write_diagnose_json
 
     progress.phase(total, total, "Report")
-    phase = build_report(result, run.preloader.taken(result.artefacts))
+    waited = time.monotonic()
+    loaded = run.preloader.taken(result.artefacts)  # waits for the loads still running
+    waited = time.monotonic() - waited
+    phase = build_report(result, loaded)
+    phase.seconds += waited  # the report's time, wherever its inputs were loaded
+    phase.data["waited_for_loads_s"] = round(waited, 3)
     result.phases.append(phase)
     progress.done(phase)
     result.finished = time.time()

@@ -173,7 +173,7 @@ class CallerIndex:
     raw: RawTrace
 
     def __post_init__(self) -> None:
-        self._nested: dict[int, _Nested | None] = {}
+        self._nested: dict[int, _Nested | None] = self.raw.nested
 
     def _thread(self, key: int) -> _Nested | None:
         if key not in self._nested:

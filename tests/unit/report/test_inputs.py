@@ -93,3 +93,45 @@ def test_cli_exit_codes_for_bad_inputs(tmp_path: Path) -> None:
     mixed = runner.invoke(report_cmd, [str(bad), str(TRACES / "gpu_event_sync.json.gz"), "--json"])
     assert mixed.exit_code == 0
     assert f"{bad}:" in mixed.stderr
+
+
+def _pools(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """Worker pools the engine starts (each runs its loads here, in this process)."""
+    import concurrent.futures
+
+    started: list[int] = []
+
+    class Pool:
+        def __init__(self, max_workers: int, mp_context: object) -> None:
+            started.append(max_workers)
+
+        def __enter__(self) -> Pool:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def map(self, fn, items):  # type: ignore[no-untyped-def]
+            return map(fn, items)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    return started
+
+
+def test_one_big_trace_among_small_files_is_loaded_without_workers(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # diagnose's artefacts: one with_stack trace of 60 MB decoded and small censuses and
+    # pickles. Two spawned workers took 5.2 s for it, one process 2.2 s: the big one is the
+    # whole wait either way.
+    from flight_profiler.report import engine
+
+    started = _pools(monkeypatch)
+    big, other = (str(TRACES / f"gpu_train_{x}.json.gz") for x in ("control", "test"))
+    small = tmp_path / "snap.pickle"
+    write_pickle(small, snapshot())
+    # "big": what each of the traces counts for (gzip: 10x its size)
+    monkeypatch.setattr(engine, "PARALLEL_MIN_BYTES", min(map(os.path.getsize, (big, other))) * 10)
+    report = engine.analyze([big, str(small)], jobs=2)
+    assert all(i.ok for i in report.inputs) and started == []
+    # two inputs that big: in parallel, as before
+    report = engine.analyze([big, other], jobs=2)
+    assert all(i.ok for i in report.inputs) and started == [2]

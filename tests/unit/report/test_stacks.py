@@ -89,3 +89,58 @@ def test_a_traces_user_frame_is_never_a_stdlib_wait(tmp_path: Path) -> None:
     [key] = list(raw.threads)
     [(user, _ops)] = CallerIndex(raw).resolve([(key, 50.5)])
     assert user == "train.py:94 (wait_for_batch)"
+
+
+def _training_trace(tmp_path: Path) -> str:
+    """One training thread with every kind of span training_work tells apart, repeated."""
+    events: list[dict] = [  # type: ignore[type-arg]
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1,
+         "ts": 0, "dur": 1000}]
+    for k in range(5):
+        t = 1.0 + k * 190
+        events += [
+            _x("python_function", "train.py(10): step", t, 180),
+            _x("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t + 1, 20),
+            _x("python_function", "site-packages/torch/utils/data/dataloader.py(700): __next__", t + 2, 15),
+            _x("cpu_op", "aten::mm", t + 30, 30),
+            _x("cpu_op", "DistributedDataParallel.forward", t + 25, 40),
+            _x("python_function", "<built-in function sleep>", t + 70, 10),
+            _x("python_function", "<built-in method acquire of _thread.lock object at 0x7f>", t + 85, 10),
+            _x("python_function", "<built-in method run_backward of torch._C._EngineBase object>", t + 100, 50),
+            _x("cpu_op", "aten::add", t + 110, 10),
+            _x("python_function", "torch/distributed/distributed_c10d.py(2500): all_reduce", t + 155, 20),
+            _x("cpu_op", "c10d::allreduce_", t + 156, 15),
+        ]
+    p = tmp_path / "train.json"
+    p.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}))
+    return str(p)
+
+
+def test_training_work_tells_each_kind_of_span_apart(tmp_path: Path) -> None:
+    from flight_profiler.report.job_work import training_work
+
+    work = training_work(load_trace(_training_trace(tmp_path)))
+    assert work is not None and work["ddp"] and work["python_frames"]
+    assert work["wait_from"] == "ddp" and work["steps"] == 1 and work["window_us"] == 1000
+    # 5 rounds: collective 20 (wait) + backward's 40 outside operators; DataLoader 20; sleep 10;
+    # lock 10; operators: mm/DDP forward 40 + add 10 outside the above
+    assert (work["wait_us"], work["data_us"], work["sleep_us"], work["blocked_us"],
+            work["compute_us"]) == (300.0, 100.0, 50.0, 50.0, 250.0)
+
+
+def test_a_traces_nesting_is_built_once_for_all_its_readers(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The step's stacks (trace_metrics) and the training thread's lines (job_work) both read the
+    # training thread's nesting: on a with_stack trace of 3 LBFGS steps, 0.3 s each time.
+    from flight_profiler.report import loaders, stacks
+
+    built: list[int] = []
+    real = stacks._nest
+
+    def counting(th):  # type: ignore[no-untyped-def]
+        built.append(id(th))
+        return real(th)
+
+    monkeypatch.setattr(stacks, "_nest", counting)
+    result = loaders.load_one(_training_trace(tmp_path))
+    assert result.ok and result.data["distributed"]["work"]["lines"]
+    assert built and len(built) == len(set(built))

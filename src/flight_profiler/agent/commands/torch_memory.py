@@ -225,10 +225,11 @@ def _record_cpu(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, time
         profs = per_call.finish()
     events: list[dict[str, Any]] = []
     frames_known = True
+    table = memory_snapshot.FrameTable()  # equal frames and stacks shared across the calls
     try:
         while profs:
             prof = profs.pop(0)
-            more, known = memory_snapshot.events_from_profiler(prof)
+            more, known = memory_snapshot.events_from_profiler(prof, table)
             del prof
             events += more
             frames_known = frames_known and known
