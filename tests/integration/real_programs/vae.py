@@ -46,7 +46,7 @@ train_loader = torch.utils.data.DataLoader(Blobs(), batch_size=args.batch_size, 
 
 class VAE(nn.Module):
     def __init__(self):
-        super(VAE, self).__init__()
+        super().__init__()
 
         self.fc1 = nn.Linear(784, 400)
         self.fc21 = nn.Linear(400, 20)
