@@ -40,6 +40,11 @@ def bad_backward_step():
     y = torch.sqrt(x)  # BACKWARD-INF: d sqrt / dx at 0
     y.sum().backward()
 
+def nan_data_then_log_step(batch):
+    x = batch * 2.0                  # a NaN that came with the data: no op made it
+    y = torch.log(torch.ones(3) - 2.0)  # ORIGIN-NAN: log of a negative number
+    return x.sum() + y.sum()
+
 def good_step():
     x = torch.randn(3, requires_grad=True)
     (x * 2).sum().backward()
@@ -91,6 +96,17 @@ def test_backward_inf_names_backward_node_and_forward_line(loop):
     assert first["phase"] == "backward" and first["backward_node"] == "SqrtBackward0", first
     assert any("BACKWARD-INF" in line for line in first["forward_stack"]), first
     assert not torch.is_anomaly_enabled()
+
+
+def test_a_nan_that_came_with_the_data_is_first_and_the_op_that_makes_one_is_the_origin(loop):
+    batch = torch.tensor([1.0, float("nan")])
+    fn = loop.nan_data_then_log_step
+    result, _ = run_handler("torch anomaly", {"target": spec(loop.__name__, "nan_data_then_log_step"),
+                                              "calls": 1, "timeout": 20}, lambda: fn(batch))
+    first, origin = result["first"], result["origin"]
+    assert first["op"].startswith("aten.mul") and first["inputs_finite"] is False, first
+    assert origin["op"].startswith("aten.log") and origin["inputs_finite"] is True, origin
+    assert any("ORIGIN-NAN" in line for line in origin["forward_stack"]), origin
 
 
 def test_timeout_without_calls_restores_and_unlocks(loop):

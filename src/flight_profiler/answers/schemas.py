@@ -178,7 +178,7 @@ _FIRST_NAN = Obj(required={"op": TEXT, "phase": TEXT, "call": INT, "nan": INT, "
                  optional={"backward_node": TEXT, "inputs_finite": BOOL,
                            "forward_stack": ListOf(TEXT)})
 ANOMALY = Obj(optional={**_CALLS, "ops_checked": INT, "call_seconds": ListOf(FINITE),
-                        "first": _FIRST_NAN, "note": TEXT, "anomaly_before": ANY,
+                        "first": _FIRST_NAN, "origin": _FIRST_NAN, "note": TEXT, "anomaly_before": ANY,
                         "anomaly_after": ANY, "restore_pending": BOOL})
 
 # -- watch, trace ------------------------------------------------------------------------------

@@ -104,11 +104,17 @@ def render_anomaly(data: dict[str, Any], console: Console) -> None:
         console.print(f"[red]first non-finite value:[/red] {txt(first['op'], 200)} {where}, call "
                       f"{fmt(first['call'] + 1, 'd')}: {fmt(first['nan'], 'd')} NaN, {fmt(first['inf'], 'd')} "
                       f"Inf in a {txt(first['dtype'], 40)} {tuple(first['shape'])} output", highlight=False)
-        if not first.get("inputs_finite"):
+        origin = data.get("origin")
+        if not first.get("inputs_finite") and not origin:
             console.print("  [yellow]its inputs were already non-finite: they came from outside the autograd "
                           "ops seen (data, a parameter, a buffer)[/yellow]")
         for line in first.get("forward_stack") or ["(no Python frame of the program: called from torch internals)"]:
             console.print(f"  {txt(line)}", highlight=False)
+        if origin and origin is not first and origin != first:
+            console.print(f"[red]the first op that made one out of finite inputs:[/red] {txt(origin['op'], 200)} "
+                          f"in {txt(origin['phase'], 20)}, call {fmt(origin['call'] + 1, 'd')}", highlight=False)
+            for line in origin.get("forward_stack") or []:
+                console.print(f"  {txt(line)}", highlight=False)
     elif data.get("note"):
         console.print(txt(data["note"]), highlight=False)
     before, after = data.get("anomaly_before"), data.get("anomaly_after")
