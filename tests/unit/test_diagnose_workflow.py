@@ -304,6 +304,50 @@ def test_a_failing_phase_is_reported_with_the_agent_message(options: DiagnoseOpt
     assert statuses(result)["watch"] == "ok"
 
 
+def test_a_census_that_read_nothing_at_an_unsafe_moment_is_taken_again(
+        options: DiagnoseOptions, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A DDP rank waiting in backward's all-reduce for a peer busy elsewhere (rank 0's
+    # validation): the agent reads nothing and says to retry; the census is taken a moment later.
+    import flight_profiler.diagnose.workflow as workflow
+
+    monkeypatch.setattr(workflow, "CENSUS_RETRY_S", 0.01)
+    driver = FakeDriver()
+    refused = [0]
+    fallback = driver.run
+
+    def tensors(words: list[str], on_event: Any) -> dict[str, Any]:
+        if refused[0] < 2:
+            refused[0] += 1
+            raise RemoteCommandError(
+                "tensor census: thread 'MainThread' stayed inside one native call in "
+                "_engine_run_backward() at graph.py:979 for over 2s (a long torch op, or a C "
+                "extension); reading tensors while it runs could crash the process, so nothing was read",
+                "retry when that call has returned")
+        del driver.overrides["torch tensors"]
+        try:
+            return fallback(parse(shlex.join(words)), on_event)
+        finally:
+            driver.overrides["torch tensors"] = tensors
+
+    driver.overrides["torch tensors"] = tensors
+    result = run_diagnosis(driver, options)
+    before = result.phase("census-before")
+    assert before.status == "ok" and len(before.data["retried"]) == 2, before.data
+    assert statuses(result)["census-middle"] == statuses(result)["census-after"] == "ok"
+
+
+def test_a_census_that_fails_for_good_is_not_retried(options: DiagnoseOptions) -> None:
+    calls = [0]
+
+    def refused(words: list[str], on_event: Any) -> dict[str, Any]:
+        calls[0] += 1
+        raise RemoteCommandError("tensor census: out of memory", "free some memory")
+
+    result = run_diagnosis(FakeDriver(overrides={"torch tensors": refused}), options)
+    assert result.phase("census-before").status == "failed"
+    assert calls[0] == 3  # before, middle, after: once each
+
+
 def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOptions) -> None:
     options.target = None
     driver = FakeDriver()

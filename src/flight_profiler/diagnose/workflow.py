@@ -134,6 +134,10 @@ def phase_snapshot_after(run: Run, phase: PhaseResult) -> None:
     _snapshot(run, phase, "snapshot-after.pickle")
 
 
+CENSUS_ATTEMPTS = 3
+CENSUS_RETRY_S = 1.0
+
+
 def _census(run: Run, phase: PhaseResult, name: str, previous: str | None) -> dict[str, Any]:
     """One census of the series (before, middle, after), each compared with the one before it.
 
@@ -146,8 +150,20 @@ def _census(run: Run, phase: PhaseResult, name: str, previous: str | None) -> di
     o = run.options
     target = run.words() if o.target is not None and run.method_called else ()
     diff = previous if previous is not None and os.path.exists(previous) else None
-    result = run.command(phase, torch_requests.tensors(
-        target, file=path, diff=diff, timeout=o.timeout if target else None))
+    request = torch_requests.tensors(target, file=path, diff=diff, timeout=o.timeout if target else None)
+    for attempt in range(CENSUS_ATTEMPTS):
+        try:
+            result = run.command(phase, request)
+            break
+        except FlightProfilerError as exc:
+            # The agent read nothing because a thread sat in one native call for its whole
+            # budget: a DDP rank waiting in backward's all-reduce for a peer busy elsewhere (rank
+            # 0's validation pass, another rank's census). Any moment of the window serves: wait
+            # for the peer and look again, rather than lose a census of the series.
+            if attempt + 1 == CENSUS_ATTEMPTS or not (exc.hint or "").startswith("retry"):
+                raise
+            phase.data.setdefault("retried", []).append(exc.message[:300])
+            time.sleep(CENSUS_RETRY_S)
     expect_file(phase, path)
     phase.data["totals"] = result.get("totals")
     phase.data["moment"] = result.get("moment")
