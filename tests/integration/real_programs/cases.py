@@ -104,7 +104,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
                          why="optimizer.zero_grad() lost: gradients accumulate"),
         notes="DataLoader with 2 workers; autocast/GradScaler enabled only on CUDA"),
     Program(
-        "vae", r"Train Epoch: 1 \[1280/",
+        "vae", r"Train Epoch: 1 \[3840/",
         forward=("__main__", "VAE", "forward"), step=("torch.optim.adam", "Adam", "step"),
         mistake=Expected(("graph-chain",), holder="train_loss", fix=(".item()",),
                          why="train_loss += loss: the epoch's running sum chains every step's graph"),
@@ -202,6 +202,7 @@ _AMP_LINE = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/\d+\]\s+Time\s+\S+\s+\(\s*([
                        r"Data\s+\S+\s+\(\s*([\d.]+)\)")
 _DDP_EPOCH = re.compile(r"Epoch \d+: .*\(time ([\d.]+)s, data ([\d.]+)s\)")
 _DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
+_VAE_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ .*\tData ([\d.]+)\tTime ([\d.]+)")
 
 
 def own_dataloader_share(name: str, log: str) -> float | None:
@@ -222,9 +223,10 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         if not epochs or float(epochs[-1][0]) <= 0:
             return None
         return round(100.0 * float(epochs[-1][1]) / float(epochs[-1][0]), 2)
-    if name == "dcgan":
+    if name in ("dcgan", "vae"):
         # the first line's interval holds the workers' start (the first batch's wait): not steady
-        rows = [(int(i), float(d), float(t)) for i, d, t in _DCGAN_LINE.findall(log) if int(i) > 20]
+        pattern, first = (_DCGAN_LINE, 20) if name == "dcgan" else (_VAE_LINE, 1280)
+        rows = [(int(i), float(d), float(t)) for i, d, t in pattern.findall(log) if int(i) > first]
         if len(rows) < STEADY_INTERVALS:
             return None
         # one 20-iteration interval moves by +-5 points on a busy 2-core machine: the last three
@@ -237,7 +239,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
 def steady_dataloader_share(name: str, log: Path, timeout: float = 20.0) -> float | None:
     """own_dataloader_share once the program has logged a steady interval (None for programs
     without meters, or none logged within ``timeout``)."""
-    if name not in ("amp_classifier", "dcgan", "ddp_trainer"):
+    if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae"):
         return None
     deadline = time.monotonic() + timeout
     while True:
