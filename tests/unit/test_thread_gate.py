@@ -67,7 +67,11 @@ def agent():
     out["took"] = time.monotonic() - t0
     before = counts["busy"]
     events = own_events[0]
-    time.sleep(0.2)
+    # both threads go on after the release; on a loaded machine a thread may wait a while for
+    # the GIL and the CPU (seen in CI: no profile event within 0.2 s), so wait up to 5 s for it
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and (counts["busy"] == before or own_events[0] == events):
+        time.sleep(0.01)
     out["moved_after"] = counts["busy"] - before
     out["own_events_after"] = own_events[0] - events
 
