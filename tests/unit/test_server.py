@@ -4,7 +4,9 @@ credentials, one request at a time, cancel (message, Ctrl-C, disconnect) and det
 from __future__ import annotations
 
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -254,6 +256,47 @@ def test_forked_child_closes_inherited_listener_without_unlinking(agent: str) ->
     assert _hooks(agent) == ["test hook on f"]
     kind, _ = next(iter(c.messages(req)))
     assert kind == "event"
+    c.cancel(req)
+    c.drain(req)
+    c.close()
+
+
+def test_a_fork_while_another_thread_holds_the_agents_locks_does_not_hang_the_child(agent: str) -> None:
+    # GIVEN a running request with a hook, and another thread holding the agent state's lock and
+    # the hook registry's lock at the moment of the fork (the agent's thread adding a hook while
+    # a DataLoader forks a worker)
+    from flight_profiler.agent import hook_registry
+
+    c = _client(agent)
+    req = c.start("t_stream")
+    next(iter(c.messages(req)))
+    state = server._server.state  # type: ignore[union-attr]
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with state._lock, hook_registry.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the at-fork hook ran (it would hang here on the old code)
+        try:
+            os.write(w, b"%d" % int(server.running()))
+        finally:
+            os._exit(0)
+    release.set()
+    t.join(10)
+    os.close(w)
+    done = select.select([r], [], [], 10)[0]
+    # THEN the child got through its fork handler at once
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert done and os.read(r, 10) == b"0"
     c.cancel(req)
     c.drain(req)
     c.close()

@@ -491,10 +491,21 @@ def _after_fork_in_child() -> None:
     for conn in list(server._conns):
         conn.close()
     server._stopping.set()
+    # Only the forking thread exists here: a lock another thread held at the fork stays held for
+    # ever. Renewed before any use (seen: a DataLoader worker forked while the agent's thread
+    # added a hook hung in active_hooks(), and the job with it).
+    server.state._lock = threading.Lock()
     if server.state.active_hooks():
-        # the child has no client: its copies of the hooks must go
-        server.state._lock = threading.Lock()
-        server.state.remove_all()
+        # the child has no client: its copies of the hooks must go, but never by waiting for the
+        # hook registry's lock; hooks.py's own fork handler gives the functions back without it
+        registry = sys.modules.get(f"{__package__}.hook_registry")
+        lock = getattr(registry, "lock", None)
+        if lock is None or lock.acquire(blocking=False):
+            try:
+                server.state.remove_all()
+            finally:
+                if lock is not None:
+                    lock.release()
 
 
 def _at_exit() -> None:
