@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,24 @@ def test_every_thread_is_held_then_released(version: str, tmp_path: Path) -> Non
     assert out["own_profile_kept"] is True
     assert out["own_events_after"] > 0
     assert proc.stderr == ""
+
+
+def test_a_child_forked_while_the_gate_is_on_is_never_held() -> None:
+    # A DataLoader worker forked while a census held the threads inherits the gate's profile
+    # function on its one thread; nobody in the child will release it (seen in CI: the worker
+    # waited for ever, and the job's loop with it). In a process other than the gate's, the
+    # function returns at once.
+    import os
+
+    from flight_profiler.agent import thread_gate
+
+    st = thread_gate._STATE
+    saved = (st.active, st.pid, st.owner)
+    st.active, st.pid, st.owner = True, os.getpid() + 1, threading.current_thread()
+    st.release.clear()
+    try:
+        t0 = time.monotonic()
+        assert thread_gate._on_event(None, None, 0, None) == 0
+        assert time.monotonic() - t0 < 0.5 and threading.get_ident() not in st.held
+    finally:
+        st.active, st.pid, st.owner = saved

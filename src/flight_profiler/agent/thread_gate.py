@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import dis
+import os
 import sys
 import threading
 import time
@@ -56,6 +57,7 @@ class _State:
         self.exempt: set[int] = set()
         self.lock = threading.Lock()
         self.owner: threading.Thread | None = None
+        self.pid = os.getpid()  # the process whose threads are held
 
 
 _STATE = _State()
@@ -66,7 +68,9 @@ def _on_event(_obj: Any, _frame: Any, _what: int, _arg: Any) -> int:
     """The profile function: runs in the target thread, between two operations."""
     st = _STATE
     try:
-        if not st.active:
+        if not st.active or os.getpid() != st.pid:
+            # A child forked while the gate was on (a DataLoader worker) inherits this function
+            # on its one thread; no one there will ever release it: never wait there.
             return 0
         me = threading.get_ident()
         if me in st.exempt:
@@ -77,7 +81,7 @@ def _on_event(_obj: Any, _frame: Any, _what: int, _arg: Any) -> int:
         # during a long walk), but never past the death of the thread that holds the gate.
         owner = st.owner
         while not st.release.wait(1.0):
-            if owner is None or not owner.is_alive():
+            if owner is None or not owner.is_alive() or os.getpid() != st.pid:
                 break
         with st.lock:
             st.held.discard(me)
@@ -260,6 +264,7 @@ def run_with_threads_held(fn: Callable[[], Any], timeout: float,
         st.release.clear()
         st.held = set()
         st.owner = threading.current_thread()
+        st.pid = os.getpid()
         st.active = True
         try:
             _wait_until_held(st, timeout, cancelled)
