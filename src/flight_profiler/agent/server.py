@@ -492,8 +492,8 @@ def _after_fork_in_child() -> None:
         conn.close()
     server._stopping.set()
     # Only the forking thread exists here: a lock another thread held at the fork stays held for
-    # ever. Renewed before any use (seen: a DataLoader worker forked while the agent's thread
-    # added a hook hung in active_hooks(), and the job with it).
+    # ever. Renewed before any use: a DataLoader worker forked while the agent's thread added a
+    # hook would hang in active_hooks(), and the job's loop with it (tests/unit/test_server.py).
     server.state._lock = threading.Lock()
     if server.state.active_hooks():
         # the child has no client: its copies of the hooks must go, but never by waiting for the
