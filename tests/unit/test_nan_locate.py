@@ -62,6 +62,18 @@ def _fit(model: Any, opt: Any, steps: int, trigger: NanTrigger, bad_from: int, p
     return after
 
 
+def _step_until_fired(model: Any, opt: Any, trigger: NanTrigger) -> None:
+    """Train until the trigger fires; one gradient is poisoned once, at step 3."""
+    for step in range(4000):
+        opt.zero_grad()
+        model(torch.randn(4, 4)).pow(2).mean().backward()
+        if step == 3:
+            model.bias.grad.fill_(float("nan"))
+        opt.step()
+        if trigger.fires:
+            return
+
+
 def test_the_next_step_names_the_op_and_line_of_a_nan_the_data_keep_making(tmp_path: Path) -> None:
     before = nan_watch.read_state(torch)
     hooks = _post_hooks()
@@ -113,14 +125,7 @@ def test_a_disarm_in_the_watched_step_restores_at_once_and_pops_at_the_next_step
     armory, trigger = _arm(tmp_path)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(4000):
-        opt.zero_grad()
-        model(torch.randn(4, 4)).pow(2).mean().backward()
-        if step == 3:
-            model.bias.grad.fill_(float("nan"))
-        opt.step()
-        if trigger.fires:
-            break
+    _step_until_fired(model, opt, trigger)
     assert trigger.busy() and torch._C._len_torch_dispatch_stack() == 1, trigger.located
     assert torch.is_anomaly_enabled()
     # disarmed from another thread (the CLI's request): it cannot pop this thread's mode
@@ -151,14 +156,7 @@ def test_not_watched_under_a_dispatch_mode_of_the_job(tmp_path: Path) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     try:
         with JobMode():
-            for step in range(4000):
-                opt.zero_grad()
-                model(torch.randn(4, 4)).pow(2).mean().backward()
-                if step == 3:
-                    model.bias.grad.fill_(float("nan"))
-                opt.step()
-                if trigger.fires:
-                    break
+            _step_until_fired(model, opt, trigger)
             assert torch._C._len_torch_dispatch_stack() == 1  # the job's, not ours on top of it
         loc = _event(tmp_path / "ev")["located"]
         assert loc == {"step": 0, "watched": False,
