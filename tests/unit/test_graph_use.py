@@ -197,3 +197,58 @@ def test_a_step_named_follows_the_models_forward_wherever_the_loop_calls_it() ->
     # training calls through the wrapper count once (the inner call nests in it)
     assert s["calls"] == 42 and s["unused"] == 8 and s["used"] == 29, s
     assert graph_use_finding(s, []) is not None
+
+
+def test_a_summary_taken_during_a_backward_waits_for_it() -> None:
+    # An actor-critic episode: 20 forwards, then one backward over all of them, which reads
+    # the newest call's graph first. The window closes in the middle of that backward (the
+    # agent's thread, while the training thread is inside it): the calls not yet read must not
+    # be judged unread (they were, 32 of 2612, an eval-with-grad false alarm on a healthy loop).
+    import threading
+    import time
+
+    from flight_profiler.agent.step_marks import BACKWARD_SPEC
+
+    mod = types.ModuleType(MOD)
+    mod.Net = Net  # type: ignore[attr-defined]
+    sys.modules[MOD] = mod
+    model = Net()
+    use = graph_use.GraphUse(torch)
+    removes = [hooks.install(targets.resolve({"module": MOD, "class": "Net", "method": "forward",
+                                              "nested": None}), use.on_enter, use.on_exit),
+               hooks.install(targets.resolve(BACKWARD_SPEC), use.on_backward_enter,
+                             use.on_backward_exit)]
+    taken: dict[str, Any] = {}
+
+    def agent_side() -> None:
+        use.close()
+        taken["settled"] = use.settle(5.0)
+        taken["summary"] = use.summary("Net.forward")
+
+    def episode(mid_backward: Any = None) -> None:
+        outs = [model(torch.randn(1, 16)) for _ in range(20)]
+        if mid_backward is not None:
+            outs[10].register_hook(mid_backward)
+        torch.stack(outs).sum().backward()
+
+    def close_now(grad: Any) -> Any:
+        t = threading.Thread(target=agent_side)
+        t.start()
+        time.sleep(0.2)  # the rest of the backward, while the agent's thread summarises
+        taken["thread"] = t
+        return grad
+
+    try:
+        episode()
+        episode()
+        episode(close_now)
+    finally:
+        for remove in removes:
+            remove()
+        del sys.modules[MOD]
+    taken["thread"].join(5)
+    s = taken["summary"]
+    assert taken["settled"] is True
+    assert s["calls"] == 60 and s["judged"] == 59
+    assert s["unused"] == 0 and s["used"] == 59
+    assert graph_use_finding(s, ["diagnose.json"]) is None

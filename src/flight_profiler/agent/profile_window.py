@@ -39,6 +39,9 @@ from .step_marks import BACKWARD_SPEC, StepMarks, hook_optimizers
 # the least a trend is judged on); past ``soft`` seconds one whole step will do.
 STEPS_WANTED = 3
 DEFAULT_SOFT_S = 5.0
+# How long a window whose calls are in waits for a first backward when the program has built no
+# optimizer (a hand-written update steps after each backward; an inference loop never has one).
+NO_STEP_WAIT_S = 1.0
 
 
 def all_threads_config(torch: Any) -> Any:
@@ -63,14 +66,50 @@ def mark_optimizers(ctx: Context, torch: Any, marks: StepMarks) -> None:
                                                  marks.on_backward_exit))
 
 
-def _enough(marks: StepMarks, calls: int, elapsed: float, soft: float) -> bool:
+def _enough(marks: StepMarks, calls: int, elapsed: float, soft: float, trains: bool) -> bool:
     """The calls are in, and STEPS_WANTED whole steps of every optimizer; or, after ``soft``
     seconds, one whole period between calls and one whole step (a step of seconds, or a method
-    called every few seconds, would make the window too long to profile and to export)."""
+    called every few seconds, would make the window too long to profile and to export).
+
+    A method called many times a step (an actor-critic's forward, once per environment step,
+    hundreds per episode; a character RNN's, once per character) may have its calls in before
+    any backward or optimizer step: a window of forwards alone says nothing of the step and its
+    graphs look unused. So until one comes the window goes on: up to ``soft`` seconds when the
+    program has built an optimizer (``trains``), else NO_STEP_WAIT_S (an inference loop has
+    none to wait for). Without an optimizer stepping, backward passes are the steps."""
     fewest = marks.fewest_steps()
-    if marks.entered >= calls + 1 and (fewest is None or fewest >= STEPS_WANTED + 1):
-        return True
+    if fewest is None and not trains and marks.backwards:
+        fewest = marks.backwards
+    if marks.entered >= calls + 1:
+        if fewest is not None:
+            if fewest >= STEPS_WANTED + 1:
+                return True
+        elif (marks.backwards and not trains) or elapsed >= (soft if trains else min(soft, NO_STEP_WAIT_S)):
+            return True
     return elapsed >= soft and marks.entered >= 2 and (fewest is None or fewest >= 2)
+
+
+def builds_optimizers(torch: Any) -> bool:
+    """Whether the program has built an optimizer: torch wraps a class's ``step`` (for the
+    profiler's annotation) the first time one of its instances is built and marks it
+    ``hooked``, so the classes say it without a walk over gc's objects."""
+    base = getattr(getattr(torch, "optim", None), "Optimizer", None)
+    if not isinstance(base, type):
+        return False
+    todo: list[type] = [base]
+    seen: set[type] = set()
+    while todo and len(seen) < 1000:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if getattr(cls.__dict__.get("step"), "hooked", False):
+            return True
+        try:
+            todo.extend(cls.__subclasses__())
+        except TypeError:
+            continue
+    return False
 
 
 def holds_a_step(ctx: Context, torch: Any, target: Any, timeout: float) -> bool | None:
@@ -127,6 +166,7 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
     if held:
         return None, {"holds_step": True}
     timeout = max(1.0, timeout - (time.monotonic() - started))
+    trains = builds_optimizers(torch)
     marks = StepMarks(torch, target.description)
     kwargs: dict[str, Any] = {"activities": activities, **options,
                               "experimental_config": config}
@@ -139,7 +179,7 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
         ctx.add_hook(f"profile window around {target.description}", remove)
         mark_optimizers(ctx, torch, marks)
         reported = -1
-        while not _enough(marks, calls, time.monotonic() - started, soft):
+        while not _enough(marks, calls, time.monotonic() - started, soft, trains):
             now = time.monotonic()
             if now - started > timeout:
                 timed_out = True

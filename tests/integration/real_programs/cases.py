@@ -111,6 +111,15 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
         notes="pytorch/examples' VAE: train(epoch) resets its running sum at each epoch (~6 s); "
               "DataLoader with 2 persistent workers"),
     Program(
+        "actor_critic", r"Episode 20\t",
+        forward=("__main__", "Policy", "forward"), step=("__main__", "finish_episode"),
+        mistake=Expected(("graph-retention", "memory-leak"), holder="episode_losses",
+                         fix=(".item()",), also=("memory-leak", "graph-retention"),
+                         why="episode_losses.append(loss): each episode's whole graph kept for a plot"),
+        notes="pytorch/examples' actor-critic: forward once per environment step, the episode's "
+              "graphs held in model.saved_actions until finish_episode() backpropagates and "
+              "clears them (a buffer, not a leak); its policy collapses to ~10-step episodes"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),

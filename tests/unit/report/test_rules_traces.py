@@ -215,3 +215,38 @@ def test_a_borderline_cpu_share_is_info_not_a_warning() -> None:
     assert [f.severity for f in launch_overhead.check(_Ctx(16.4, 34.3, 1140.0))] == ["warning"]  # type: ignore[arg-type]
     report = analyze([str(FIXTURES / "cpu_tiny_ops.json.gz")])
     assert [f.severity for f in _rules(report, "launch-overhead")] in (["warning"], ["critical"])
+
+
+def test_many_python_issued_tiny_ops_with_no_cost_are_not_a_warning() -> None:
+    # Measured on pytorch/examples' actor-critic (one environment step at a time): ~370 tiny
+    # operators a step issued from Python, 1.1 % of the step time, and 55 % of it in tiny
+    # operators inside the model's own layers and backward. A count alone made it a warning on a
+    # healthy tutorial program; what the fix recovers is 1 %: info. The tiny-ops loop (260 a
+    # step, 16 % of the window) still warns.
+    from flight_profiler.report.rules import launch_overhead
+
+    class _Trace:
+        path = name = "t.json"
+        kind = "trace"
+        rank = None
+
+        def __init__(self, python_pct: float, python_calls: int) -> None:
+            self.data = {"has_gpu": False, "window_kind": "steps", "top_operators": [],
+                         "window_us": 4.9e6, "steps": {"count": 50},
+                         "operators": {"calls": 2377440, "distinct": 127, "tiny_calls": 2370298,
+                                       "tiny_calls_pct": 99.7, "tiny_self_us": 2.67e6,
+                                       "tiny_self_pct_of_window": 54.7,
+                                       "tiny_self_pct_of_ops": 95.7, "tiny_callers": [],
+                                       "from_python_tiny_calls": python_calls,
+                                       "from_python_tiny_us": 4.9e6 * python_pct / 100,
+                                       "from_python_tiny_pct_of_window": python_pct}}
+
+    class _Ctx:
+        def __init__(self, python_pct: float, python_calls: int) -> None:
+            self.traces = [_Trace(python_pct, python_calls)]
+
+    (quiet,) = launch_overhead.check(_Ctx(1.1, 18676))  # type: ignore[arg-type]
+    assert quiet.severity == "info"
+    assert "inside library operators" in quiet.title
+    (loop,) = launch_overhead.check(_Ctx(6.0, 13000))  # type: ignore[arg-type]
+    assert loop.severity == "warning"  # 260 a step, over the floor: the count makes it count

@@ -16,12 +16,16 @@ from typing import Any
 from .. import dataloader_state, grad_stats, graph_cost, graph_use, hooks, targets
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
+from ..step_marks import BACKWARD_SPEC
 from ..torch_support import get_torch
 
 # The models whose forwards are followed when the named method is not a module's, and how long
 # finding them may take (one pass over gc's objects, as ``torch grads`` makes).
 MAX_MODELS = 4
 MODEL_SEARCH_S = 1.0
+# How long the backwards running when the window closes are waited for before the graphs'
+# reads are judged (graph_use.GraphUse.settle): a step's backward, not a rank's all-reduce wait.
+SETTLE_S = 2.0
 _WRAPPED = ("module", "_orig_mod")
 
 
@@ -42,6 +46,7 @@ def handle_dataloader(ctx: Context) -> dict[str, Any]:
     finally:
         if use is not None:
             use.close()
+            use.settle(SETTLE_S, cancelled=lambda: bool(ctx.cancelled))
         ctx.remove_hooks()
     if followed is not None:
         result["graph_use"] = followed[0].summary(followed[1])
@@ -72,6 +77,12 @@ def _graph_use(ctx: Context, torch: Any, spec: dict[str, Any]) -> tuple[graph_us
     for target in follow:
         ctx.add_hook(f"torch dataloader: graphs built by {target.description}",
                      hooks.install(target, use.on_enter, use.on_exit))
+    try:
+        backward = targets.resolve(BACKWARD_SPEC)
+    except CommandError:  # a torch without torch.autograd.backward as a Python function
+        return use, ", ".join(t.description for t in follow)
+    ctx.add_hook("torch dataloader: backward passes in flight",
+                 hooks.install(backward, use.on_backward_enter, use.on_backward_exit))
     return use, ", ".join(t.description for t in follow)
 
 

@@ -48,6 +48,9 @@ CPU_WARNING_OPS_PCT = 60.0
 # sample issues ~260 (64 time steps x 4 ops on a 32-element column), healthy loops fewer than
 # 20, an LSTMCell loop none (its operators come from inside nn.LSTMCell).
 PYTHON_TINY_PER_STEP = 200
+# ... when they are at least this share of all operator self time (the tiny-ops sample: most of
+# it; an actor-critic's per-environment-step operators: 2 %).
+PYTHON_TINY_OPS_SHARE_PCT = 10.0
 CPU_WARNING_OPS_PER_STEP = 500
 CPU_WARNING_TINY_CALLS_PCT = 80.0
 
@@ -118,8 +121,19 @@ def _cpu(tr: InputResult, ops: dict[str, Any]) -> Finding | None:
     steps = float(d.get("steps", {}).get("count") or 0)
     per_step = float(ops.get("from_python_tiny_calls") or 0) / steps if steps else 0.0
     # Counts do not move with the machine's load; time shares do (a loaded machine slows the
-    # operators past the 10 us line and the step with them).
-    many = per_step >= PYTHON_TINY_PER_STEP
+    # operators past the 10 us line and the step with them). But a count alone is no cost: an
+    # actor-critic loop issues ~370 tiny operators a step from Python (one environment step at
+    # a time) that take 1 % of its step and 2 % of its operators' time, the rest being its
+    # layers' and backward's own: a warning there is a false alarm. So the count counts when
+    # those operators are also a real part of the work: of the window (the floor of any
+    # finding), or of all operator time, which load inflates alike.
+    window_share = float(ops.get("from_python_tiny_pct_of_window", 100.0) or 0.0)
+    tiny_of_ops = float(ops.get("tiny_self_pct_of_ops") or 0.0)
+    all_ops_us = float(ops.get("tiny_self_us") or 0.0) * 100.0 / tiny_of_ops if tiny_of_ops else 0.0
+    ops_share = (100.0 * float(ops.get("from_python_tiny_us") or 0.0) / all_ops_us
+                 if all_ops_us else 100.0)
+    many = per_step >= PYTHON_TINY_PER_STEP and (
+        window_share >= T.tiny_op_window_floor_pct or ops_share >= PYTHON_TINY_OPS_SHARE_PCT)
     if not _detected(ops) and not many:
         return None
     top = sorted(d.get("top_operators", []), key=lambda x: -x["calls"])[:3]
