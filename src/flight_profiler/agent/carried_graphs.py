@@ -175,13 +175,25 @@ class CarriedGraphs:
         self.torch = torch
         self.previous: dict[str, tuple[Any, int]] = {}
         self.budget = NODES_PER_REQUEST
+        self.backwards_before: int | None = None
 
     def after_call(self, args: tuple[Any, ...], bound_first: bool, value: Any,
-                   caller: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
+                   caller: list[tuple[str, Any]] | None = None,
+                   backwards: int | None = None) -> dict[str, Any]:
         """{name: {"chained": bool | None, "walked": n, "scalar": bool[, "from": name]}} for the
         tensors that carry a graph; ``caller``: the loop frame's tensors (loop_frame_tensors),
         read in the calling thread right after the call. ``from`` names what the previous call
-        returned (or kept on self) when a caller's local now holds it: the same state."""
+        returned (or kept on self) when a caller's local now holds it: the same state.
+
+        ``backwards``: backward passes completed so far (None: not counted). A graph that
+        reaches the previous call's with no backward in between is a step still being built,
+        not state carried across steps: a character RNN feeds a name one character per forward
+        call and backpropagates once per name, through the whole chain, as it must. Such a link
+        is marked ``"same_step": True``: where the loop trains (backwards come), only a chain that
+        outlived a backward is carried state; where none ever comes (a stateful inference loop
+        without ``.detach()``), the chain grows for ever and every link counts (the report)."""
+        same_step = backwards is not None and backwards == self.backwards_before
+        self.backwards_before = backwards
         tensor_type = self.torch.Tensor
         found = _tensors("return", value, tensor_type)
         if bound_first and args:
@@ -212,6 +224,8 @@ class CarriedGraphs:
             except Exception:
                 scalar = False
             out[name] = {"chained": chained, "walked": walked, "scalar": scalar}
+            if same_step and before is not None:
+                out[name]["same_step"] = True
             source = was.get(current[name])
             if source is not None and source != name:
                 out[name]["from"] = source

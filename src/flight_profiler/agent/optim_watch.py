@@ -17,6 +17,7 @@ from typing import Any
 from . import hooks, targets
 from .gc_walk import live_instances
 from .registry import Context
+from .step_marks import BACKWARD_SPEC
 
 _ZERO_GRAD = (
     ("optimizer", {"module": "torch.optim.optimizer", "class": "Optimizer", "method": "zero_grad"}),
@@ -30,6 +31,7 @@ class OptimWatch:
         self.steps: dict[int, int] = {}
         self.zero_grads: dict[int, int] = {}
         self.module_zero_grads: dict[int, int] = {}
+        self.backwards = 0
         self.installed: list[str] = []
         self.errors: list[str] = []
 
@@ -44,6 +46,15 @@ class OptimWatch:
                 continue
             ctx.add_hook(f"torch grads: counting {target.description} calls", remove)
             self.installed.append(target.description)
+        # A hand-written update (`p.data.add_(p.grad, alpha=-lr)`: the PyTorch tutorials' first
+        # RNNs) has no optimizer to count steps on: its backward passes are its steps.
+        try:
+            backward = targets.resolve(BACKWARD_SPEC)
+            ctx.add_hook("torch grads: counting backward passes",
+                         hooks.install(backward, None, self._on_backward))
+            self.installed.append(backward.description)
+        except Exception as exc:
+            self.errors.append(f"cannot observe backward passes: {exc}")
         # torch.optim's namespace does not expose the submodule itself: read it where torch put it.
         register = getattr(sys.modules.get("torch.optim.optimizer"), "register_optimizer_step_post_hook", None)
         if register is None:
@@ -60,6 +71,10 @@ class OptimWatch:
                 with self.lock:
                     counts[id(args[0])] = counts.get(id(args[0]), 0) + 1
         return on_exit
+
+    def _on_backward(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        with self.lock:
+            self.backwards += 1
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Mapping[str, Any]) -> None:
         with self.lock:
@@ -129,5 +144,6 @@ def watch_summary(watch: OptimWatch | None, optimizers: list[dict[str, Any]],
             o["steps"] = watch.steps.get(key, 0) if key is not None else 0
             o["zero_grad_calls"] = watch.zero_grads.get(key, 0) if key is not None else 0
         per_model = [sum(n for mid, n in watch.module_zero_grads.items() if mid in ids) for ids in model_ids]
+        backwards = watch.backwards
     return {"observed": True, "hooks": list(watch.installed), "errors": list(watch.errors),
-            "module_zero_grad_calls": per_model}
+            "module_zero_grad_calls": per_model, "backward_calls": backwards}

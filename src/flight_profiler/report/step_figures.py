@@ -134,11 +134,14 @@ def user_frames(index: CallerIndex, key: int, t: float) -> list[str]:
     return out
 
 
-def _longest_unused_run(order: list[tuple[float, int]], unused: dict[int, Any]) -> int:
-    """The most graph nodes built one after another, none of them used by a backward: a whole
-    forward pass nobody differentiates (an evaluation once an epoch is one such run however many
-    training steps dilute it), where a graph carried into the next step is a few nodes at a time."""
-    best = run = 0
+def _unused_runs(order: list[tuple[float, int]], unused: dict[int, Any]) -> tuple[int, int]:
+    """(longest, count) of the runs of graph nodes built one after another, none of them used by
+    a backward. The longest: a whole forward pass nobody differentiates (an evaluation once an
+    epoch is one such run however many training steps dilute it), where a graph carried into the
+    next step is a few nodes at a time. The count: an output computed and dropped at every
+    call of a forward that is otherwise trained (the tutorial's character RNN computes its
+    output at every character and uses the last) is many short runs between used nodes."""
+    best = run = runs = 0
     counted: set[int] = set()
     for _ts, seq in sorted(order):
         if seq not in unused:
@@ -146,9 +149,11 @@ def _longest_unused_run(order: list[tuple[float, int]], unused: dict[int, Any]) 
             counted.clear()
         elif seq not in counted:  # one node may be recorded by nested ops (linear > addmm)
             counted.add(seq)
+            if run == 0:
+                runs += 1
             run += 1
             best = max(best, run)
-    return best
+    return best, runs
 
 
 def unused_graph_nodes(raw: RawTrace, index: CallerIndex, model: StepModel) -> dict[str, Any]:
@@ -179,6 +184,7 @@ def unused_graph_nodes(raw: RawTrace, index: CallerIndex, model: StepModel) -> d
         frames = user_frames(index, key, ts)
         place = " called from ".join(frames[:2]) if frames else "(no Python stack)"
         places[place] = places.get(place, 0) + 1
+    longest, runs = _unused_runs(order, unused)
     names: dict[str, int] = {}
     for _key, _ts, nid in unused.values():
         name = raw.names[nid]
@@ -186,7 +192,7 @@ def unused_graph_nodes(raw: RawTrace, index: CallerIndex, model: StepModel) -> d
     return {
         "judged_steps": len(judged), "model_nodes": len(seen), "unused_nodes": len(unused),
         "unused_per_step": round(len(unused) / len(judged), 1),
-        "longest_unused_run": _longest_unused_run(order, unused),
+        "longest_unused_run": longest, "unused_runs": runs,
         "unused_ops": [{"name": k, "calls": v} for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:5]],
         "unused_where": [{"where": k, "share": round(v / len(sample), 3)}
                          for k, v in sorted(places.items(), key=lambda kv: -kv[1])[:3]],

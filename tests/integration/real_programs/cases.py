@@ -120,6 +120,14 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
               "graphs held in model.saved_actions until finish_episode() backpropagates and "
               "clears them (a buffer, not a leak); its policy collapses to ~10-step episodes"),
     Program(
+        "char_rnn_classification", r"(?m)^1000 ",
+        forward=("__main__", "RNN", "forward"), step=("__main__", "train"),
+        mistake=Expected(("grad-health",), holder="zero_grad", fix=("zero_grad",),
+                         why="rnn.zero_grad() forgotten: every name's gradient adds to the last"),
+        notes="the PyTorch tutorial's name classifier: one name a step, forward once per "
+              "character, a hand-written SGD update (no optimizer object); with the mistake the "
+              "loss is nan within 500 names"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),

@@ -84,7 +84,8 @@ def test_detached_state_is_not_a_graph_chain(streaming, tmp_path):
 
 def _profile(tmp_path: Path, name: str, mode: str) -> str:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    i2h, i2o = torch.nn.Linear(64, 64), torch.nn.Linear(64, 18)
+    opt = torch.optim.SGD([*model.parameters(), *i2h.parameters(), *i2o.parameters()], lr=0.01)
 
     def step() -> None:
         x = torch.randn(32, 64)
@@ -92,6 +93,21 @@ def _profile(tmp_path: Path, name: str, mode: str) -> str:
             model(x)
         elif mode == "inference":
             with torch.inference_mode():
+                model(x)
+        elif mode == "char-rnn":  # the tutorial's RNN: an output at every character, one used
+            opt.zero_grad()
+            hidden = torch.zeros(1, 64)
+            for _ in range(8):
+                combined = torch.cat((x[:1], hidden), 1)[:, :64]
+                hidden = i2h(combined)
+                output = torch.log_softmax(i2o(combined), dim=1)
+            torch.nn.functional.nll_loss(output, torch.tensor([1])).backward()
+            opt.step()
+        elif mode == "eval-each-step":  # a trained step, then a small evaluation with grad on
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            for _ in range(4):
                 model(x)
         else:
             opt.zero_grad()
@@ -113,6 +129,17 @@ def test_eval_with_grad_on_is_found_and_fixed_by_inference_mode(tmp_path):
     for mode in ("inference", "train"):
         ok = analyze([_profile(tmp_path, f"{mode}.json", mode)], jobs=1)
         assert not [f for f in ok.findings if f.rule == "eval-with-grad"], mode
+
+
+def test_an_output_computed_and_dropped_at_each_call_is_not_an_evaluation(tmp_path):
+    # The PyTorch tutorial's character RNN computes i2o's output at every character and uses the
+    # last one: half of the model's graph nodes are never used by a backward, in short runs
+    # between used ones. That was a warning eval-with-grad on the healthy tutorial, 9 runs of 9.
+    ok = analyze([_profile(tmp_path, "char.json", "char-rnn")], jobs=1)
+    assert not [f for f in ok.findings if f.rule == "eval-with-grad"]
+    # an evaluation with grad on after each trained step is still found: whole forwards
+    bad = analyze([_profile(tmp_path, "each.json", "eval-each-step")], jobs=1)
+    assert [f.rule for f in bad.findings if f.rule == "eval-with-grad"] == ["eval-with-grad"]
 
 
 def test_grads_document_loads_through_the_report(tmp_path):
@@ -256,3 +283,67 @@ def test_torch_grads_reads_the_scale_of_a_live_grad_scaler(tmp_path):
     result, _ = run_handler("torch grads", {"calls": 2, "interval": 0.05, "path": str(tmp_path / "g.json")})
     assert all(m.get("grad_scales") == [1024.0] for m in result["measurements"]), result["measurements"]
     del scaler, opt, net
+
+
+def test_a_hand_written_update_without_zero_grad_is_named_as_the_cause():
+    # The PyTorch tutorial's character RNN: no optimizer object, `p.data.add_(p.grad.data,
+    # alpha=-lr)` after each backward. With rnn.zero_grad() forgotten the gradients went NaN in
+    # 500 names, and the report named only the NaN ("find the op with torch anomaly"), not why.
+    from flight_profiler.report.rules.grad_health import findings_for
+
+    def doc(zero_calls: int, backwards: int, bad_grad_at: int | None) -> dict:
+        d = _amp_doc([0.4, 0.5, 0.45], None, bad_grad_at=bad_grad_at)
+        d["optimizers"] = []
+        d["zeroing"] = {"observed": True, "module_zero_grad_calls": [zero_calls],
+                        "backward_calls": backwards}
+        return d
+
+    found = findings_for(doc(0, 600, bad_grad_at=0), "g.json")
+    acc = [f for f in found if f.metrics["pattern"] == "grads-accumulating"]
+    assert len(acc) == 1 and acc[0].severity == "critical"
+    assert "zero_grad()" in acc[0].fix[0] and "600 backward passes" in " ".join(acc[0].evidence)
+    (nan,) = [f for f in found if f.metrics["pattern"] == "non-finite"]
+    assert "accumulated without zero_grad" in nan.root_cause
+    # the same loop calling rnn.zero_grad(): its NaN has another cause
+    (other,) = findings_for(doc(600, 600, bad_grad_at=0), "g.json")
+    assert other.metrics["pattern"] == "non-finite" and "accumulated" not in other.root_cause
+    # no zero_grad seen but finite, steady norms (the loop may clear p.grad itself): nothing
+    assert findings_for(doc(0, 600, bad_grad_at=None), "g.json") == []
+
+
+def test_a_sequence_fed_one_step_at_a_time_is_not_carried_state():
+    # The tutorial's character RNN: forward once per character, hidden chained through the
+    # name (as backpropagation through it needs), one backward per name, then a fresh hidden.
+    # Judged call to call, every character "reached the previous call's graph": a critical
+    # graph-chain on a healthy program. Only a chain that outlived a backward is carried state.
+    from flight_profiler.agent.carried_graphs import CarriedGraphs
+
+    cell = torch.nn.Linear(8, 8)
+    probe = CarriedGraphs(torch)
+    backwards = 0
+    verdicts: list = []
+    for _name in range(3):
+        hidden = torch.zeros(1, 8)
+        for _char in range(4):
+            hidden = torch.tanh(cell(hidden))
+            verdicts.append(probe.after_call((), False, hidden, None, backwards)["return"])
+        hidden.sum().backward()
+        backwards += 1
+    # within a name: chained, but with no backward between (same_step); a name's first
+    # character after the last name's backward: a fresh hidden, not chained
+    assert [v["chained"] for v in verdicts] == [None] + [True] * 3 + ([False] + [True] * 3) * 2
+    assert [bool(v.get("same_step")) for v in verdicts] == ([False] + [True] * 3) * 3
+    from flight_profiler.report.rules.graph_chain import _chained_throughout
+    names = [{"return": v} for v in verdicts[4:8]]  # one name's 4 calls, measured
+    assert not _chained_throughout("return", names[-1], names, trains=True)
+    # no backward at all while measured (a stateful inference loop): the chain grows for ever
+    assert _chained_throughout("return", names[-1], names, trains=False)
+    # the classic mistake: hidden carried into the next batch, a backward between the calls
+    probe = CarriedGraphs(torch)
+    hidden = torch.zeros(1, 8)
+    carried = []
+    for step in range(3):
+        hidden = torch.tanh(cell(hidden))
+        carried.append(probe.after_call((), False, hidden, None, step)["return"]["chained"])
+        hidden.sum().backward(retain_graph=True)
+    assert carried == [None, True, True]

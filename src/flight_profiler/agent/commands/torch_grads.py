@@ -61,7 +61,8 @@ class _Run:
         self.measurements[-1]["autograd"] = autograd
         self.measurements[-1]["carried"] = self.carried
 
-    def watch_carried(self, ctx: Context, spec: dict[str, Any]) -> None:
+    def watch_carried(self, ctx: Context, spec: dict[str, Any],
+                      watch: optim_watch.OptimWatch | None = None) -> None:
         """Sizes of the graphs the recorded calls return or leave on ``self`` (carried_graphs).
 
         Installed before record_calls' own hook, so that on the way out it runs first and
@@ -72,7 +73,8 @@ class _Run:
         def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
             if exc is None and threading.get_ident() == self.active_thread:
                 self.carried = carried.after_call(token[0], target.bound_first, value,
-                                                  carried_graphs.loop_frame_tensors(self.torch.Tensor))
+                                                  carried_graphs.loop_frame_tensors(self.torch.Tensor),
+                                                  watch.backwards if watch is not None else None)
 
         ctx.add_hook(f"torch grads: graphs carried by {target.description}", hooks.install(target, None, on_exit))
 
@@ -119,7 +121,7 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
     try:
         if spec:
             run.with_graph_cost = not graph_cost.suspends(spec)
-            run.watch_carried(ctx, spec)
+            run.watch_carried(ctx, spec, watch)
             # In the target's own thread, right after the call: no race with its ops.
             info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads")
         else:

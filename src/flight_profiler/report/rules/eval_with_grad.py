@@ -33,6 +33,9 @@ from flight_profiler.report.units import fmt_bytes
 MODEL_OPS = trace_loader.MODEL_OPS
 # Graph nodes built and never used, per judged step, from which a profile with steps is a finding.
 UNUSED_PER_STEP = 1.0
+# Separate runs of unused nodes per judged step from which, all of them short, the unused nodes
+# are outputs a trained forward computes and drops (10 a step in the character RNN), not a pass.
+SCATTERED_RUNS_PER_STEP = 3
 
 def unused_graphs(doc: dict[str, Any]) -> dict[str, Any] | None:
     """From a `torch grads METHOD` document: calls that built graphs no backward used, or None."""
@@ -71,8 +74,16 @@ def _from_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[Input
     unused = int(ag.get("unused_nodes") or 0)
     # Per step, or one whole pass in a row: a validation pass once an epoch is diluted by the
     # epoch's training steps far below one node a step (0.7 on a DDP trainer's rank 0).
+    longest = int(ag.get("longest_unused_run") or 0)
     if unused < T.eval_grad_min_ops or (float(ag.get("unused_per_step") or 0.0) < UNUSED_PER_STEP
-                                        and int(ag.get("longest_unused_run") or 0) < T.eval_grad_min_ops):
+                                        and longest < T.eval_grad_min_ops):
+        return None
+    # Short unused runs scattered between used nodes, several a step: a trained forward that
+    # computes an output it drops (the character RNN's output at every character but the last),
+    # not an evaluation pass, which is one run of whole forwards.
+    judged = int(ag.get("judged_steps") or 0)
+    runs = int(ag.get("unused_runs") or 0)
+    if longest < T.eval_grad_min_ops and judged and runs >= SCATTERED_RUNS_PER_STEP * judged:
         return None
     step = inp.data.get("step") or {}
     places = ag.get("unused_where") or []

@@ -47,8 +47,15 @@ def _grad_scale(doc: dict[str, Any]) -> float | None:
     return max(scales) if scales else None
 
 
-def _zeroing(doc: dict[str, Any], index: int) -> tuple[bool | None, list[str]]:
-    """True: zeroed; False: steps seen and no zero_grad at all; None: not observed."""
+# A loop with no optimizer object whose backward passes ran with no zero_grad() call: it may
+# still clear p.grad itself (`p.grad = None`, `p.grad.zero_()`), which no hook sees, so this is
+# a suspicion that needs the norms to agree (rising, or already non-finite), not a proof.
+HAND_WRITTEN_UNZEROED = "unseen"
+
+
+def _zeroing(doc: dict[str, Any], index: int) -> tuple[bool | str | None, list[str]]:
+    """True: zeroed; False: steps seen and no zero_grad at all; HAND_WRITTEN_UNZEROED: backward
+    passes and no zero_grad call in a loop without an optimizer; None: not observed."""
     z = doc.get("zeroing") or {}
     if not z.get("observed"):
         return None, []
@@ -64,6 +71,11 @@ def _zeroing(doc: dict[str, Any], index: int) -> tuple[bool | None, list[str]]:
         return False, evidence
     if zeros > 0:
         return True, evidence
+    backwards = int(z.get("backward_calls") or 0)
+    if not doc.get("optimizers") and backwards >= 2:
+        evidence.append(f"no optimizer object (a hand-written update): {backwards} backward passes "
+                        "and no zero_grad() call while measured")
+        return HAND_WRITTEN_UNZEROED, evidence
     return None, evidence
 
 
@@ -96,26 +108,36 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
     # rise mean anything, and only a norm past the line times the scale is an explosion.
     scale = _grad_scale(doc)
     surging = scale is None and bool(good) and good[0] > 0 and max(good) / good[0] >= T.grad_norm_growth_ratio
-    accumulating = zeroed is False or (zeroed is None and scale is None and rising and not surging
-                                       and good[0] > 0 and good[-1] >= T.grad_accumulation_ratio * good[0])
+    first = _first_nonfinite(doc, index)
+    unzeroed = zeroed == HAND_WRITTEN_UNZEROED and (rising or first is not None)
+    accumulating = zeroed is False or unzeroed or (
+        zeroed is None and scale is None and rising and not surging
+        and good[0] > 0 and good[-1] >= T.grad_accumulation_ratio * good[0])
     exploding = bool(good) and (max(good) >= T.grad_norm_exploding * (scale or 1.0) or surging)
     scaled_note = ([f"an enabled AMP GradScaler (scale up to {scale:g}) multiplies gradients until "
                     "unscale_: norms are shown as read, and judged against the line times the scale"]
                    if scale is not None else [])
-    first = _first_nonfinite(doc, index)
     if accumulating:
         cause = ("optimizer.step() runs but zero_grad() is never called (neither the optimizer's nor "
                  "the model's): every backward() adds to the previous gradients, so the update grows "
                  "each step" if zeroed is False else
+                 "backward() runs step after step and zero_grad() is never called: unless the loop "
+                 "clears p.grad itself, every backward() adds to the previous gradients, and a "
+                 "hand-written update (`p.data.add_(p.grad, alpha=-lr)`) grows with them"
+                 + (" until they overflowed" if first is not None else "") if unzeroed else
                  "gradient norms only grow from one step to the next, as when zero_grad() is not called "
                  "between steps (not observed directly: measure a method to see the calls)")
         out.append(Finding(
-            rule="grad-health", severity="critical" if zeroed is False else "warning",
+            rule="grad-health",
+            severity="critical" if zeroed is False or (unzeroed and first is not None) else "warning",
             title=f"gradients of {model['name']} accumulate across steps (zero_grad not called)",
             summary=f"Gradient norm over {len(norms)} measurements: {shown}.",
             evidence=[f"grad norm per measurement: {shown}", *zero_evidence, *scaled_note],
             where=where, root_cause=cause,
-            fix=[ZERO_GRAD_FIX, "Or `model.zero_grad(set_to_none=True)` at the start of each step."],
+            fix=([f"Call `{model['name'].rsplit('.', 1)[-1]}.zero_grad()` at the start of each "
+                  "step, before the forward (the loop has no optimizer: the model's own), or "
+                  "clear each `p.grad` after the update."] if unzeroed else
+                 [ZERO_GRAD_FIX, "Or `model.zero_grad(set_to_none=True)` at the start of each step."]),
             inputs=[name], metrics={"pattern": "grads-accumulating", "model": model["name"],
                                     "grad_norms": norms, "zero_grad_observed": zeroed is not None}))
     if exploding and not accumulating:

@@ -153,18 +153,32 @@ def _state(name: str) -> str:
     return name.split("[", 1)[0]
 
 
-def _chained_throughout(name: str, last: dict[str, Any], carried: list[dict[str, Any]]) -> bool:
+def _link(info: Any, trains: bool) -> bool | None:
+    """A call's link to the previous call's graph. In a loop that trains, a link made with no
+    backward between the two calls (``same_step``: a character RNN's name fed one character per
+    call, backpropagated once at its end) is a step being built, not state carried past a step:
+    no proof either way."""
+    if not isinstance(info, dict):
+        return None
+    if trains and info.get("same_step"):
+        return None
+    chained = info.get("chained")
+    return chained if isinstance(chained, bool) else None
+
+
+def _chained_throughout(name: str, last: dict[str, Any], carried: list[dict[str, Any]],
+                        trains: bool = False) -> bool:
     """Every call after the first reached the previous call's root. A loop's local that now holds
     what the method returned qualifies from the first call at which it held a graph: before it, it
     held the initial state (zeros, no grad_fn), which says nothing either way, and whether the
     measuring began before or after the loop's first call is chance."""
-    links = [c.get(name, {}).get("chained") for c in carried[1:]]
+    links = [_link(c.get(name), trains) for c in carried[1:]]
     if links and all(link is True for link in links):
         return True
     source = last[name].get("from") if isinstance(last.get(name), dict) else None
     if not isinstance(source, str) or source == name or source not in last:
         return False
-    source_links = [c.get(source, {}).get("chained") for c in carried[1:]]
+    source_links = [_link(c.get(source), trains) for c in carried[1:]]
     if not source_links or not all(link is True for link in source_links):
         return False
     while links and links[0] is None:
@@ -187,8 +201,10 @@ def _from_calls(ctx: Context) -> list[Finding]:
         states: dict[str, list[str]] = {}
         received: set[str] = set()
         last = carried[-1]
+        # backward passes counted while measured (older documents: unknown, every link counts)
+        trains = int((doc.get("zeroing") or {}).get("backward_calls") or 0) > 0
         for name, info in last.items():
-            if not _chained_throughout(name, last, carried):
+            if not _chained_throughout(name, last, carried, trains):
                 continue
             states.setdefault(_state(name), []).append(name)
             source = info.get("from") if isinstance(info, dict) else None
