@@ -320,15 +320,13 @@ def test_a_sequence_fed_one_step_at_a_time_is_not_carried_state():
 
     cell = torch.nn.Linear(8, 8)
     probe = CarriedGraphs(torch)
-    backwards = 0
     verdicts: list = []
-    for _name in range(3):
+    for backwards in range(3):  # one name each, then its backward
         hidden = torch.zeros(1, 8)
         for _char in range(4):
             hidden = torch.tanh(cell(hidden))
             verdicts.append(probe.after_call((), False, hidden, None, backwards)["return"])
         hidden.sum().backward()
-        backwards += 1
     # within a name: chained, but with no backward between (same_step); a name's first
     # character after the last name's backward: a fresh hidden, not chained
     assert [v["chained"] for v in verdicts] == [None] + [True] * 3 + ([False] + [True] * 3) * 2
