@@ -64,6 +64,11 @@ HEAVY_CALLS = 3
 # already shows (an LBFGS step: 5 closure calls, 17,000 allocations); no rule judges per-step
 # figures on it (those come from the profile's 3 steps), and each recorded step cost 2-3 s here.
 HEAVY_RECORD_CALLS = 1
+# Seconds the recorded calls may take in all, recording included: an actor-critic's
+# finish_episode is a few ms, its recording (thousands of allocations with stacks) ~0.4 s a call:
+# 10 calls made the phase 4.5 s. The report judges sites and the peak inside calls, which a few
+# calls show as well as ten.
+RECORD_BUDGET_S = 1.5
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
@@ -247,7 +252,7 @@ def phase_record(run: Run, phase: PhaseResult) -> None:
     path = run.path("record.pickle")
     calls = run.calls_for(HEAVY_RECORD_CALLS)
     request = torch_requests.memory(run.words(), record=True, calls=calls, file=path,
-                                    timeout=o.timeout)
+                                    timeout=o.timeout, budget=RECORD_BUDGET_S)
     result = run.command(phase, request, expect_calls=calls)
     _note_partial(phase, result, calls)
     expect_file(phase, path)
@@ -274,7 +279,9 @@ def _note_partial(phase: PhaseResult, result: dict[str, Any], wanted: int) -> No
     """Fewer calls than asked within the time limit: keep what was seen, and say so."""
     got = result.get("calls_recorded")
     if isinstance(got, int) and got < wanted:
-        phase.data["partial"] = f"{got} of {wanted} calls within the time limit"
+        phase.data["partial"] = (f"{got} of {wanted} calls: their recording took its "
+                                 f"{result['budget_s']:g} s budget" if result.get("budget_s") else
+                                 f"{got} of {wanted} calls within the time limit")
 
 
 def _summarise_watch(phase: PhaseResult, result: dict[str, Any]) -> None:

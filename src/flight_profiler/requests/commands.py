@@ -155,6 +155,7 @@ def trace(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("-n", "--calls", type=click.IntRange(1), default=1, show_default=True, help="Calls to record (-r).")
 @click.option("-f", "--file", "file", help="Output file (default: fp-<pid>-memory-<time>.pickle in this directory).")
 @click.option("--timeout", type=FiniteFloatRange(0.1), default=60.0, show_default=True, help="Seconds to wait for the calls (-r).")
+@click.option("--budget", type=FiniteFloatRange(0.1), help="-r: stop recording once the recorded calls took this many seconds in all (at least 2 calls).")
 @click.option("--label", default="", help="Label stored in the file.")
 @click.pass_context
 def memory(ctx: click.Context, /, **_: Any) -> AgentRequest:

@@ -26,12 +26,14 @@ def _out(file: str | None) -> dict[str, Any]:
 def memory(target: Sequence[str] = (), snapshot: bool = False, record: bool = False,
            record_history: str | None = None, max_entries: int | None = None,
            calls: int | None = None, file: str | None = None, timeout: float | None = None,
-           label: str | None = None) -> AgentRequest:
+           label: str | None = None, budget: float | None = None) -> AgentRequest:
     """Allocator summary; ``snapshot``; ``record`` the next ``calls`` of ``target``; or
     ``record_history`` "on"/"off"."""
     chosen = [name for name, on in (("-s", snapshot), ("-r", record), ("--record-history", record_history)) if on]
     if len(chosen) > 1:
         raise UsageError(f"torch memory: {' and '.join(chosen)} cannot be combined", "pick one mode")
+    if budget and not record:
+        raise UsageError("torch memory: --budget is only used with -r", "e.g. `torch memory -r __main__ train_step -n 10 --budget 1.5`")
     if target and not record:
         raise UsageError("torch memory: a method is only used with -r", "e.g. `torch memory -r __main__ train_step`")
     args: dict[str, Any] = {"label": label or ""}
@@ -40,6 +42,8 @@ def memory(target: Sequence[str] = (), snapshot: bool = False, record: bool = Fa
                     timeout=60.0 if timeout is None else timeout, **_out(file))
         if max_entries:
             args["max_entries"] = max_entries
+        if budget:
+            args["budget"] = budget
     elif snapshot:
         args.update(mode="snapshot", **_out(file))
     elif record_history:
@@ -50,7 +54,8 @@ def memory(target: Sequence[str] = (), snapshot: bool = False, record: bool = Fa
         args["mode"] = "summary"
     line = (Line("torch memory").flag("-s", snapshot).flag("-r", record).extend(*target)
             .option("--record-history", record_history).option("--max-entries", max_entries)
-            .option("-n", calls).option("-f", file).option("--timeout", timeout).option("--label", label))
+            .option("-n", calls).option("-f", file).option("--timeout", timeout)
+            .option("--budget", budget).option("--label", label))
     return AgentRequest("torch memory", args, str(line))
 
 

@@ -187,6 +187,14 @@ def _record(ctx: Context, torch: Any) -> dict[str, Any]:
                        f"in {info['calls_recorded']} calls"}
 
 
+def _budget(ctx: Context) -> float:
+    """Seconds the recorded calls may take in all (``budget``, 0: none; see record_calls)."""
+    try:
+        return max(0.0, float(ctx.arg("budget", 0.0) or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def _site_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The frame to name an allocation by: the innermost Python frame outside torch, else the
     innermost Python frame, else the first. CUDA history recorded with context "all" puts the
@@ -220,7 +228,7 @@ def _record_cpu(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, time
                                "with_stack": True})
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
-                                        what="memory recording")
+                                        what="memory recording", budget=_budget(ctx))
     finally:
         profs = per_call.finish()
     events: list[dict[str, Any]] = []
@@ -263,7 +271,8 @@ def _record_cuda(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, tim
     if not was_recording:
         cuda_history.switch_on(torch, max_entries)
     try:
-        info = call_window.record_calls(ctx, spec, calls, timeout, start, stop, what="memory recording")
+        info = call_window.record_calls(ctx, spec, calls, timeout, start, stop, what="memory recording",
+                                        budget=_budget(ctx))
         snap = memory_snapshot.cuda_snapshot(torch, label)
     finally:
         if not was_recording:
