@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parent))
 from torch_agent_helpers import run_handler, spec  # noqa: E402
 
-from flight_profiler.requests import torch as torch_requests  # noqa: E402
 from flight_profiler.errors import UsageError  # noqa: E402
+from flight_profiler.requests import torch as torch_requests  # noqa: E402
 
 MOD = "fp_test_record_budget"
 
