@@ -335,8 +335,7 @@ def test_sessions_start_and_stop_while_no_other_thread_can_run(work, tmp_path, m
     profile_method(work, {"calls": 2, "path": str(tmp_path / "m.json"), "with_stack": True,
                           "schedule": [0, 1, 2]})
     run_handler("torch profile", {"duration": 0.2, "path": str(tmp_path / "w.json"), "with_stack": True})
-    # start and stop of the warm-up, 2 calls, then the window's rate probe and the window
-    assert len(seen) == 10
+    assert len(seen) == 8  # start and stop of the warm-up, 2 calls, then the window
     assert all(not gc_on and switch >= 1000.0 for gc_on, switch in seen), seen
     assert gc.isenabled() and sys.getswitchinterval() == interval
 
@@ -460,34 +459,3 @@ def test_traces_are_compressed_at_gzips_fastest_level(work, tmp_path, monkeypatc
     assert header[:2] == b"\x1f\x8b" and header[8] == 4  # XFL 4: "compressor used fastest algorithm"
     assert load_trace(path)["traceEvents"]
 
-
-def test_a_window_over_a_flood_of_operators_is_cut_and_says_so(tmp_path, monkeypatch):
-    """An actor-critic stepping one environment at a time makes ~470,000 operators a second: a
-    5 s window was a 2.4 M-event trace (37 s to stop and export in the job, 89 MB). The window
-    is cut to what MAX_WINDOW_EVENTS allow, measured by a short probe, and the result says so."""
-    from flight_profiler.agent.commands import torch_profile
-
-    monkeypatch.setattr(torch_profile, "MAX_WINDOW_EVENTS", 2000)
-    stop = threading.Event()
-
-    def flood() -> None:
-        x = torch.ones(4)
-        while not stop.is_set():
-            x = x + 1
-            x = x * 1
-
-    worker = threading.Thread(target=flood, daemon=True)
-    worker.start()
-    try:
-        result, _ = run_handler("torch profile", {"duration": 4.0, "path": str(tmp_path / "w.json")})
-    finally:
-        stop.set()
-        worker.join(5)
-    cut = result["window_cut"]
-    assert cut["asked_s"] == 4.0 and cut["s"] == torch_profile.MIN_WINDOW_S
-    # (duration_s also counts the session's stop, which processes what was recorded)
-    assert cut["operators_per_s"] > 2000 / 4.0 and result["duration_s"] < 4.0
-    assert "window cut from 4 s" in result["note"]
-    # a quiet job: the window as asked
-    quiet, _ = run_handler("torch profile", {"duration": 0.3, "path": str(tmp_path / "q.json")})
-    assert "window_cut" not in quiet

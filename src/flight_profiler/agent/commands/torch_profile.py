@@ -176,39 +176,6 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     return profs, info
 
 
-# A window of seconds over a loop issuing hundreds of thousands of operators a second (an
-# actor-critic stepping one environment at a time: ~470,000 a second) made a trace of 2.4 M
-# events: 37 s to stop and export inside the job, 89 MB compressed, 15 s for the report to read.
-# A first session of PROBE_S seconds, without stacks or memory, measures the rate; the window is
-# cut to what MAX_WINDOW_EVENTS allow (never under MIN_WINDOW_S). The probe also pays kineto's
-# start-up, which the window would otherwise pay.
-MAX_WINDOW_EVENTS = 300_000
-PROBE_S = 0.1
-MIN_WINDOW_S = 0.5
-
-
-def _operator_rate(torch: Any, config: Any) -> float | None:
-    """Operator events a second over all threads (None if the probe could not run)."""
-    kwargs: dict[str, Any] = {"activities": [torch.profiler.ProfilerActivity.CPU]}
-    if config is not None:
-        kwargs["experimental_config"] = config
-    try:
-        probe = torch.profiler.profile(**kwargs)
-        start_profiler(probe)
-        started = time.monotonic()
-        try:
-            time.sleep(PROBE_S)
-        finally:
-            elapsed = time.monotonic() - started
-            stop_profiler(probe)
-        events = len(probe.profiler.kineto_results.events())
-    except Exception:  # an older torch without kineto_results: the window as asked
-        return None
-    finally:
-        probe = None
-    return events / elapsed if elapsed > 0 else None
-
-
 def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
     if not 0 < duration <= 3600:
         raise CommandError(f"--duration {duration:g} is out of range", "0 < seconds <= 3600", ERR_USAGE)
@@ -219,10 +186,6 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
         all_threads = True
     except Exception:  # older torch: only the agent's thread would be seen
         pass
-    asked = duration
-    rate = _operator_rate(torch, kwargs.get("experimental_config"))
-    if rate is not None and rate * duration > MAX_WINDOW_EVENTS:
-        duration = max(MIN_WINDOW_S, MAX_WINDOW_EVENTS / rate)
     prof = torch.profiler.profile(**kwargs)
     start_profiler(prof)
     started = time.monotonic()
@@ -245,12 +208,6 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
         stop_profiler(prof)
     info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3), "all_threads": all_threads,
                             "cancelled": cancelled, "optimizer_steps": marks.optimizer_steps()}
-    if duration < asked and rate is not None:
-        info["window_cut"] = {"asked_s": asked, "s": round(duration, 3), "operators_per_s": round(rate)}
-        info["note"] = (f"window cut from {asked:g} s to {duration:.2g} s: the job runs about "
-                        f"{rate:,.0f} operators a second, and a trace holds at most "
-                        f"{MAX_WINDOW_EVENTS:,} events (longer, it takes tens of seconds to stop "
-                        "and export in the job, and hundreds of MB to read)")
     if not all_threads:
         info["note"] = "this torch cannot profile other threads (no profile_all_threads): the trace is mostly empty"
     return prof, info
