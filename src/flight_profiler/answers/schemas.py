@@ -193,6 +193,7 @@ WATCH_EVENT = Obj(required={"type": STR}, optional={
     "values": ListOf(Pair(TEXT, TEXT)), "total": INT, "message": TEXT,
 })
 TRACE_NODE = Obj(optional={"name": TEXT, "file": STR, "line": INT, "count": INT, "ms": NUM,
+                           "summed_over_callers": INT,
                            "hidden": Obj(optional={"count": INT, "ms": NUM, "deeper": BOOL})})
 TRACE_EVENT = Obj(required={"type": STR}, optional={
     "target": TEXT, "min_ms": NUM, "depth": INT, "count": INT, "filter": TEXT, "c_calls": BOOL,

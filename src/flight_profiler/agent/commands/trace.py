@@ -20,6 +20,9 @@ are not even profiled.
 The tree aggregates by call path: the 50 calls a loop makes to ``f`` are one node ``f ×50`` with
 their summed time, in first-call order. Its size is bounded (``MAX_NODES`` distinct paths) so a
 long traced call cannot exhaust memory.
+
+On CPython <= 3.11 a call that follows one whose every function was on a single call path is
+recorded in C instead (trace_lsprof.py: the same tree, for less).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import time
 import types
 from typing import Any, Callable
 
-from .. import depth_guard, hooks, shield, values
+from .. import depth_guard, hooks, shield, trace_lsprof, values
 from ..hook_gate import Gate, calls_nothing
 from ..hook_registry import HOOK_FILE_PREFIX
 from ..protocol import ERR_USAGE
@@ -59,7 +62,8 @@ def make_recorder(
 ) -> tuple[Callable[..., None], dict[Any, list[Any]], list[int]]:
     """A ``sys.setprofile`` function recording the call-path tree below ``code``.
 
-    Returns (profile function, root children, [node count, done flag]). A node is a list
+    Returns (profile function, root children, [node count, done flag, a code met on two call
+    paths (or too many paths): the tree is not tree-shaped, see trace_lsprof.py]). A node is a list
     ``[count, total_ns, children, last_code, last_node, what]``, ``what`` its code object
     (Python) or callable (C); children are keyed by ``id(code)`` for Python (a code object's
     hash is recomputed from its constants on every lookup: microseconds for a big function; the
@@ -76,7 +80,8 @@ def make_recorder(
     top: list[Any] = [0, 0, root, None, None, None]  # the traced call's parent (never counted)
     stack: list[list[Any]] = []
     push, pop = stack.append, stack.pop
-    info = [0, 0]  # nodes, done
+    info = [0, 0, 0]  # nodes, done, not tree-shaped
+    seen: set[Any] = set()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         node: list[Any]
@@ -97,7 +102,7 @@ def make_recorder(
                     key = id(what)
                     children = parent[2]
                     found = children.get(key)
-                    node = found if found is not None else _new_node(children, key, what, info)
+                    node = found if found is not None else _new_node(children, key, what, info, seen)
                     parent[3] = what
                     parent[4] = node
                 node[0] += 1
@@ -124,7 +129,7 @@ def make_recorder(
                     what = (type(owner), arg.__name__)
                 children = stack[-1][2]
                 found = children.get(what)
-                node = found if found is not None else _new_node(children, what, what, info)
+                node = found if found is not None else _new_node(children, what, what, info, seen)
                 node[0] += 1
                 node[1] -= clock()
                 push(node)
@@ -144,8 +149,15 @@ _clock = time.perf_counter_ns
 _OVERFLOW_KEY = "<more call paths than the trace keeps>"
 
 
-def _new_node(children: dict[Any, list[Any]], key: Any, what: Any, info: list[int]) -> list[Any]:
+def _new_node(
+    children: dict[Any, list[Any]], key: Any, what: Any, info: list[int], seen: set[Any]
+) -> list[Any]:
+    if type(key) is int:  # a Python function (C ones are never recorded by trace_lsprof)
+        if key in seen:
+            info[2] = 1
+        seen.add(key)
     if info[0] >= MAX_NODES:
+        info[2] = 1
         key = what = _OVERFLOW_KEY
         node = children.get(key)
         if node is not None:
@@ -182,7 +194,8 @@ def build_tree(
     """Render children to plain data: (shown nodes, hidden call count, hidden ns)."""
     shown: list[dict[str, Any]] = []
     hidden_calls = hidden_ns = 0
-    for count, total, sub, _last, _last_node, key in children.values():
+    for entry in children.values():
+        count, total, sub, key = entry[0], entry[1], entry[2], entry[5]
         if isinstance(key, types.CodeType):
             if key.co_filename.startswith(HOOK_FILE_PREFIX):
                 # a hook's wrapper (a watch elsewhere, a recursive call of the traced function):
@@ -200,6 +213,8 @@ def build_tree(
             continue
         label, filename, line = _describe(key)
         node: dict[str, Any] = {"name": label, "file": filename, "line": line, "count": count, "ms": total / 1e6}
+        if len(entry) > 6 and entry[6]:  # trace_lsprof: its callees are summed over its callers
+            node["summed_over_callers"] = entry[6]
         kids, hc, hn = build_tree(sub, min_ns, max_depth, depth + 1)
         if kids:
             node["children"] = kids
@@ -222,6 +237,9 @@ class _State:
         self.filter_errors = 0
         self.first_filter_error = ""
         self.lock = threading.Lock()
+        # the children of the traced code in the last call recorded exactly, if every function
+        # in it was on one call path: the next calls may use trace_lsprof (and its order)
+        self.shape: dict[Any, list[Any]] | None = None
         # calls recorded, each sent as the event _event builds of it
         self.queue: collections.deque[tuple[Any, ...]] = collections.deque()
 
@@ -250,6 +268,9 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
     limit = number_arg(ctx, "count", 0)
     timeout = number_arg(ctx, "timeout", 0, float)
     c_calls = bool(ctx.arg("c_calls"))
+    # C calls: the Python recorder only (_lsprof would hold the first bound method of each, a
+    # tensor's say, until the event is sent, and names them otherwise)
+    use_lsprof = trace_lsprof.AVAILABLE and not c_calls
     condition = ctx.arg("filter") or ""
     check = compile_call_function([condition], target, "-f", as_filter=True) if condition else None
     entry_filter = at_entry(condition)
@@ -284,26 +305,42 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
         if len(state.queue) >= QUEUE_MAX:  # the stream cannot keep up: do not even record
             state.dropped += 1
             return hooks.SKIP
+        if use_lsprof and state.shape is not None:
+            return (args, kwargs, None, None, trace_lsprof.start())
         profile, root, info = make_recorder(target.code, c_calls)
         sys.setprofile(profile)
         return (args, kwargs, root, info, profile)
 
     def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed: int) -> None:
         args, kwargs, root, info, profile = token
-        if sys.getprofile() is profile:  # the traced code may have set its own: leave that one
-            sys.setprofile(None)
-        if state.stopped or (check is not None and not entry_filter and not passes(args, kwargs, value, exc, elapsed)):
+        ours = sys.getprofile() is profile  # the traced code may have set its own: leave that one
+        if root is None:  # trace_lsprof's: read on the handler thread
+            if ours:
+                profile.disable()
+            if not _queue(args, kwargs, None, 0, profile, value, exc, elapsed) and not ours:
+                trace_lsprof.displaced(profile)
             return
+        if ours:
+            sys.setprofile(None)
+        if use_lsprof:  # every function on one call path: the next calls may be recorded in C
+            state.shape = next(iter(root.values()))[2] if info[1] and not info[2] and root else None
+        _queue(args, kwargs, root, info[0], None, value, exc, elapsed)
+
+    def _queue(args: tuple[Any, ...], kwargs: Any, root: Any, nodes: int, profiler: Any,
+               value: Any, exc: BaseException | None, elapsed: int) -> bool:
+        """Queue the call for :func:`_event` if it is to be sent (True)."""
+        if state.stopped or (check is not None and not entry_filter and not passes(args, kwargs, value, exc, elapsed)):
+            return False
         with state.lock:
             if state.stopped:
-                return
+                return False
             state.matched += 1
             n = state.matched
             if limit and n >= limit:
                 state.stopped = True
             if len(state.queue) >= QUEUE_MAX:
                 state.dropped += 1
-                return
+                return False
         shift = depth_guard.bounded()  # reprs may recurse: bounded
         try:
             # What only this thread may do (render the arguments, name the thread); the tree
@@ -314,23 +351,35 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
             state.queue.append((
                 n, time.time(), threading.current_thread().name, elapsed,
                 values.render(args[1:] if target.bound_first else args, 1),
-                values.render_exception(exc) if exc is not None else None, info[0], root,
+                values.render_exception(exc) if exc is not None else None, nodes, root, profiler,
             ))
         finally:
             depth_guard.release(shift)
+        return True
 
     def _event(record: tuple[Any, ...]) -> dict[str, Any]:
         """A queued call as the event sent: its tree built here, on the handler thread (the
         recording is over: nothing writes the nodes any more)."""
-        n, ts, thread, elapsed, params, exception, nodes, root = record
-        # the target call itself is the single root; its children are what it called
-        roots = list(root.values())
-        body: dict[Any, list[Any]] = roots[0][2] if roots else {}
+        n, ts, thread, elapsed, params, exception, nodes, root, profiler = record
+        trace_lsprof.release_displaced()
+        callers = 0
+        if profiler is not None:
+            stats = trace_lsprof.release(profiler)
+            body, nodes, callers, shaped = trace_lsprof.to_nodes(
+                stats, target.code, state.shape, MAX_NODES, MAX_TREE_DEPTH + 1)
+            if not shaped:  # the code took another path: back to exact recording
+                state.shape = None
+        else:
+            # the target call itself is the single root; its children are what it called
+            roots = list(root.values())
+            body = roots[0][2] if roots else {}
         kids, hc, hn = build_tree(body, min_ns, max_depth)
         tree: dict[str, Any] = {
             "name": target.description, "file": target.code.co_filename,
             "line": target.code.co_firstlineno, "count": 1, "ms": elapsed / 1e6,
         }
+        if callers > 1:  # it recursed: its callees are summed over the recursive calls too
+            tree["summed_over_callers"] = callers
         if kids:
             tree["children"] = kids
         if hc:
@@ -356,6 +405,7 @@ def handle_trace(ctx: Context) -> dict[str, Any]:
     with state.lock:
         state.stopped = True
     pump.finish()
+    trace_lsprof.release_displaced()
     return {
         "target": target.description,
         "reason": reason,

@@ -63,8 +63,10 @@ def tree_lines(root: dict[str, Any], prefix: str = "") -> list[str]:
         name = txt(child.get("name") or "?", 400)
         if name.startswith("builtin "):
             name = f"[magenta]{name}[/magenta]"
+        summed = (f"  [yellow]calls below summed over its {fmt(child['summed_over_callers'], 'd')} "
+                  f"callers[/yellow]" if child.get("summed_over_callers") else "")
         lines.append(f"{pre}{branch}[bold]{fmt_ms(child.get('ms') or 0)}[/bold] {name}{times}"
-                     + (f"  [dim]{txt(where)}[/dim]" if where else ""))
+                     + (f"  [dim]{txt(where)}[/dim]" if where else "") + summed)
         push_children(child, pre + ("   " if last else "│  "))
     return lines
 
@@ -95,6 +97,8 @@ def make_renderers(spinner: Spinner) -> tuple[Any, Any]:
                     f"{txt(data.get('params') or '')}  [dim]{txt(where)}[/dim]")
             if data.get("exception"):
                 head += f"  [red]raised {txt(data['exception'])}[/red]"
+            if tree.get("summed_over_callers"):
+                head += "  [yellow]recursed: calls below summed over its recursive calls[/yellow]"
             console.print(head, highlight=False, soft_wrap=True)
             for line in tree_lines(tree):
                 console.print(line, highlight=False, soft_wrap=True)
