@@ -190,7 +190,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         f"torch memory -s -f {out}/snapshot-before.pickle",
         f"torch profile __main__ train_step --window --duration 0.1 -n 4 -f {out}/profile.json.gz "
         "--profile-memory --with-stack --timeout 7",
-        f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7 --budget 1.5",
+        f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7 --budget 0.75",
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
         # three censuses, each right after a call of the method, each compared with the last
         f"torch tensors __main__ train_step -f {out}/census-middle.json --diff {out}/census-before.json "

@@ -67,8 +67,9 @@ HEAVY_RECORD_CALLS = 1
 # Seconds the recorded calls may take in all, recording included: an actor-critic's
 # finish_episode is a few ms, its recording (thousands of allocations with stacks) ~0.4 s a call:
 # 10 calls made the phase 4.5 s. The report judges sites and the peak inside calls, which a few
-# calls show as well as ten.
-RECORD_BUDGET_S = 1.5
+# calls show as well as ten. Turning the recording into the snapshot afterwards takes about twice
+# the recorded time again (measured: 5 calls, 1.5 s recorded, 4.5 s in all), hence 0.75 s.
+RECORD_BUDGET_S = 0.75
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
