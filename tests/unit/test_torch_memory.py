@@ -261,6 +261,12 @@ def test_renderer_prints_path_and_sites(work, tmp_path):
     out = io.StringIO()
     render_memory(data, Console(file=out, width=150))
     assert "/x/r.pickle" in out.getvalue() and "train.py:12 train_step" in out.getvalue()
+    assert "budget" not in out.getvalue()
+    # a recording that stopped at its --budget says why it has fewer calls than asked
+    out = io.StringIO()
+    render_memory({**data, "calls_recorded": 4, "calls_requested": 10, "budget_s": 0.75},
+                  Console(file=out, width=150))
+    assert "4 of 10 calls: the recorded calls took the --budget of 0.75 s" in out.getvalue()
 
 
 def test_cli_paths_are_absolute_and_modes_exclusive(tmp_path, monkeypatch):

@@ -71,7 +71,7 @@ PROGRESS = Obj(optional={"event": STR, "message": TEXT, "what": TEXT, "calls": I
 
 # -- torch memory ------------------------------------------------------------------------------
 _CALLS = {"calls_recorded": INT, "calls_requested": INT, "timed_out": BOOL, "cancelled": BOOL,
-          "in_flight": BOOL, "target": TEXT}
+          "in_flight": BOOL, "target": TEXT, "budget_s": NUM}
 MEMORY = Obj(required={"mode": STR}, optional={
     **_FILE, **_CALLS,
     "rss_bytes": SIZE, "cuda": ANY,

@@ -88,6 +88,10 @@ def render_memory(data: dict[str, Any], console: Console) -> None:
         if data.get("timed_out") or data.get("cancelled"):
             console.print(f"[yellow]stopped early: {fmt(data.get('calls_recorded'), 'd')} of "
                           f"{fmt(data.get('calls_requested'), 'd')} calls[/yellow]")
+        elif data.get("budget_s"):
+            console.print(f"{fmt(data.get('calls_recorded'), 'd')} of "
+                          f"{fmt(data.get('calls_requested'), 'd')} calls: the recorded calls "
+                          f"took the --budget of {fmt(data.get('budget_s'), 'g')} s", highlight=False)
         if data.get("top_sites"):
             t = Table("allocation site", "count", "bytes", title="top allocation sites")
             for row in data["top_sites"]:
