@@ -187,3 +187,45 @@ def test_a_model_is_named_by_its_holder_not_by_a_path_to_a_parameter():
     # THEN the model is named where it lives, not "<Sequential at 0x...>"
     assert _name_while_a_local_holds_a_parameter() == \
         [f"{__name__}._name_while_a_local_holds_a_parameter() local model"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.float32])
+def test_models_of_every_float_dtype_are_measured(dtype: Any) -> None:
+    # `model.double()` is how pytorch/examples' time-sequence LBFGS program trains: its
+    # parameters were all "unreadable" (a narrowing dtype= is refused), and `torch grads` then
+    # printed "gradients finite, not exploding" over nothing read.
+    lin = torch.nn.Linear(64, 8).to(dtype)
+    lin(torch.randn(4, 64, dtype=dtype)).pow(2).sum().backward()
+    figures = grad_stats.measure(torch, list(lin.named_parameters()))
+    assert figures["unreadable"] == 0 and figures["with_grad"] == 2
+    want = float(lin.weight.grad.double().norm())
+    assert figures["layers"][0][0] == pytest.approx(want, rel=1e-2)
+    assert figures["weight_norms"][0] == pytest.approx(float(lin.weight.double().norm()), rel=1e-2)
+
+
+def test_half_precision_norms_do_not_overflow() -> None:
+    # 70,000 gradients of 300: the norm (about 79,000) is past float16's largest value (65,504).
+    p = torch.nn.Parameter(torch.zeros(70_000, dtype=torch.float16))
+    p.grad = torch.full_like(p, 300.0)
+    figures = grad_stats.measure(torch, [("p", p)])
+    assert figures["layers"][0][0] == pytest.approx(300.0 * 70_000 ** 0.5, rel=1e-3)
+    assert figures["nonfinite_grad_layers"] == 0
+
+
+def test_unreadable_parameters_are_said_not_judged_healthy() -> None:
+    # A model whose parameters cannot be measured (here: meta tensors) is not "healthy": the
+    # report says what it could not read, at info, and passes no verdict on it.
+    meta = torch.nn.Linear(4, 4, device="meta")
+    doc = {"models": [{"name": "__main__.net", "class": "torch.nn.Linear", "numel": 20, "params": 2,
+                       "layers": []}],
+           "measurements": [{"models": [grad_stats.measure(torch, list(meta.named_parameters()))]}
+                            for _ in range(3)],
+           "optimizers": [], "zeroing": {"observed": False}}
+    (found,) = grad_health.findings_for(doc, "g.json")
+    assert found.severity == "info" and found.metrics["pattern"] == "unreadable"
+    assert "2 of 2 parameter tensors" in found.title and "nothing of this model" in found.summary
+    # a readable model gets no such finding
+    lin = torch.nn.Linear(4, 4)
+    lin(torch.randn(2, 4)).sum().backward()
+    doc["measurements"] = [{"models": [grad_stats.measure(torch, list(lin.named_parameters()))]}]
+    assert grad_health.findings_for(doc, "g.json") == []

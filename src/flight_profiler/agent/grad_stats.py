@@ -135,15 +135,24 @@ def measure(torch: Any, params: list[tuple[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _norm(torch: Any, t: Any) -> Any:
+    """The L2 norm of ``t`` as a 0-d float64 tensor: half precision is summed in float32 (its own
+    range overflows on a few thousand large values), float32/float64 in their own dtype (torch
+    refuses a narrowing ``dtype=``: a float64 model, as `model.double()` makes, was unreadable)."""
+    if t.numel() == 0:
+        return t.new_zeros((), dtype=torch.float64)
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return torch.linalg.vector_norm(t, dtype=torch.float32).to(torch.float64)
+    return torch.linalg.vector_norm(t).to(torch.float64)
+
+
 def _scalars(torch: Any, p: Any) -> list[Any]:
-    """[weight norm] (no grad) or [grad norm, max |grad|, weight norm], as 0-d float32 tensors.
+    """[weight norm] (no grad) or [grad norm, max |grad|, weight norm], as 0-d float64 tensors.
     Sparse gradients (nn.Embedding(sparse=True)) are measured on their values."""
-    norm = torch.linalg.vector_norm
-    f32 = torch.float32
     w = p.detach()
     if w.is_meta:
         raise ValueError("a meta tensor has no values")
-    wn = norm(w, dtype=f32) if w.numel() else w.new_zeros((), dtype=f32)
+    wn = _norm(torch, w)
     g = p.grad
     if g is None or g.numel() == 0:
         return [wn]
@@ -152,7 +161,7 @@ def _scalars(torch: Any, p: Any) -> list[Any]:
         if g.numel() == 0:
             return [wn]
     lo, hi = torch.aminmax(g)
-    return [norm(g, dtype=f32), torch.maximum(lo.abs(), hi.abs()).to(f32), wn]
+    return [_norm(torch, g), torch.maximum(lo.abs(), hi.abs()).to(torch.float64), wn]
 
 
 def _num(x: float | None) -> float | str | None:

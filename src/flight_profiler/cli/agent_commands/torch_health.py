@@ -71,7 +71,7 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
     except ValueError:
         findings = []
     for f in findings:
-        colour = "red" if f.severity == "critical" else "yellow"
+        colour = {"critical": "red", "warning": "yellow"}.get(f.severity, "cyan")
         console.print(f"[{colour}]{f.severity}:[/{colour}] {txt(f.title)}", highlight=False)
         if f.root_cause:
             console.print(f"  cause: {txt(f.root_cause)}", highlight=False)
@@ -86,9 +86,15 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
         console.print(f"[yellow]warning:[/yellow] every measured call ran with autograd on and saved "
                       f"{fmt_bytes(mean)} of activations that no backward read: evaluation with grad on")
         console.print("  fix: wrap it in `with torch.inference_mode():` (or `torch.no_grad()`)")
-    elif not findings and measurements:
-        zeroing = "zeroed between steps" if (data.get("zeroing") or {}).get("observed") else "zeroing not observed"
-        console.print(f"[green]gradients finite, not exploding; {zeroing}[/green]")
+    elif not [f for f in findings if f.severity != "info"] and measurements:
+        read = sum(int(f.get("with_grad") or 0) for m in measurements for f in m.get("models") or [])
+        if read:
+            zeroing = ("zeroed between steps" if (data.get("zeroing") or {}).get("observed")
+                       else "zeroing not observed")
+            console.print(f"[green]gradients finite, not exploding; {zeroing}[/green]")
+        else:
+            console.print("[dim]no gradient was there to read at the measured moments: nothing "
+                          "judged (measure right after the backward: a method that runs it)[/dim]")
 
 
 def render_anomaly(data: dict[str, Any], console: Console) -> None:

@@ -83,7 +83,33 @@ def findings_for(doc: dict[str, Any], name: str) -> list[Finding]:
     out: list[Finding] = []
     for index, model in enumerate(doc["models"]):
         out.extend(_model_findings(doc, name, index, model))
+        out.extend(_unread(doc, name, index, model))
     return out
+
+
+def _unread(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
+    """Parameters the agent could not read (meta or fake tensors, a dtype it cannot reduce): a
+    quiet verdict must not read as "gradients healthy" over what was never seen."""
+    counts = [int(m["models"][index].get("unreadable") or 0) for m in doc["measurements"]]
+    if not counts or max(counts) == 0:
+        return []
+    unreadable = max(counts)
+    total = unreadable + max(int(m["models"][index].get("with_grad") or 0)
+                             + int(m["models"][index].get("without_grad") or 0)
+                             for m in doc["measurements"])
+    return [Finding(
+        rule="grad-health", severity="info",
+        title=f"{unreadable} of {total} parameter tensors of {model['name']} could not be read",
+        summary=(f"{unreadable} of {total} parameter tensors could not be measured (meta or fake "
+                 "tensors, or a dtype the measurement cannot reduce): their gradients and weights "
+                 "are not judged" + (", so nothing of this model is." if unreadable == total else ".")),
+        evidence=[f"unreadable parameter tensors per measurement: {counts}"],
+        where=[f"{model['name']} ({model['class']}, {model['numel']:,} parameters)"],
+        fix=["Nothing to fix in the job; gradients of those tensors can be checked by hand "
+             "(`torch.isfinite(p.grad).all()` in the loop)."],
+        root_cause="Missing evidence, not a problem found.", inputs=[name],
+        metrics={"pattern": "unreadable", "model": model["name"], "unreadable": unreadable,
+                 "params": total})]
 
 
 def _fmt(v: float | None) -> str:
