@@ -151,17 +151,20 @@ def statuses(result: Any) -> dict[str, str]:
 
 
 def test_cpu_run_runs_every_phase_and_writes_everything(options: DiagnoseOptions) -> None:
-    # A CPU-only target gets the agent's CPU snapshots and CPU allocation recording too.
+    # A CPU-only target gets the agent's CPU snapshots too; not the CPU allocation recording,
+    # whose memory events the profile of the same calls already holds (and no rule reads).
     driver = FakeDriver(cuda=False)
     result = run_diagnosis(driver, options)
     st = statuses(result)
     for name in ("status", "locate", "memory", "snapshot-before", "census-before", "profile",
-                 "record", "watch", "census-middle", "input", "trace", "grads", "census-after",
+                 "watch", "census-middle", "input", "trace", "grads", "census-after",
                  "snapshot-after", "report"):
         assert st[name] == "ok", (name, result.phase(name).reason)
-    assert any(" -s " in ln for ln in driver.lines) and any(" -r " in ln for ln in driver.lines)
+    assert st["record"] == "skipped" and "profile" in (result.phase("record").reason or "")
+    assert any(" -s " in ln for ln in driver.lines) and not any(" -r " in ln for ln in driver.lines)
     out = Path(options.out_dir)
-    for name in ("snapshot-before.pickle", "snapshot-after.pickle", "record.pickle",
+    assert not (out / "record.pickle").exists()
+    for name in ("snapshot-before.pickle", "snapshot-after.pickle",
                  "census-before.json", "census-middle.json", "census-after.json", "profile.json.gz", "report.md",
                  "report.json", "report.html", "diagnose.json"):
         assert (out / name).stat().st_size > 0, name

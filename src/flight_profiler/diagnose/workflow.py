@@ -70,6 +70,9 @@ HEAVY_RECORD_CALLS = 1
 # calls show as well as ten. Turning the recording into the snapshot afterwards takes about twice
 # the recorded time again (measured: 5 calls, 1.5 s recorded, 4.5 s in all), hence 0.75 s.
 RECORD_BUDGET_S = 0.75
+CPU_RECORD_SKIPPED = ("a CPU-only target: the profile's memory events (profile.json.gz) hold the "
+                      "same calls' allocations with their stacks; `torch memory -r` records them "
+                      "alone, as a snapshot for memory_viz")
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
@@ -239,9 +242,15 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
 
 
 def phase_record(run: Run, phase: PhaseResult) -> None:
-    # CUDA: the allocator's history; CPU: the profiler's memory events in the same schema.
+    # CUDA: the allocator's history, with each allocation's stack, segments and OOMs.
     run.require_method()
     run.require_torch()
+    if run.cuda is False:
+        # On CPU, `torch memory -r` is the profiler's memory events in the snapshot's schema:
+        # the profile phase just recorded those same calls' allocations (profile_memory, with
+        # stacks), and no rule judges a CPU recording (fragmentation and OOMs are CUDA's). It
+        # cost 1.0-2.5 s of a 10-13 s diagnosis (LBFGS, actor-critic) for a file nothing read.
+        raise Skip(CPU_RECORD_SKIPPED)
     o = run.options
     assert o.target is not None
     path = run.path("record.pickle")
