@@ -42,6 +42,35 @@ class Trainer:
         loss.backward()
         self.opt.step()
         return loss.item()
+
+
+class QLearner:
+    # The DQN tutorial's shape: a policy net stepped by AdamW, a target net for the targets,
+    # soft-updated from the policy's weights.
+
+    def __init__(self, target_with_grad):
+        self.policy = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+        self.target = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+        self.target.load_state_dict(self.policy.state_dict())
+        self.opt = torch.optim.AdamW(self.policy.parameters(), lr=1e-3)
+        self.with_grad = target_with_grad
+
+    def step(self, i):
+        s, s2 = torch.randn(32, 4), torch.randn(32, 4)
+        q = self.policy(s).max(1).values
+        if self.with_grad:
+            nxt = self.target(s2).max(1).values
+        else:
+            with torch.no_grad():
+                nxt = self.target(s2).max(1).values
+        loss = torch.nn.functional.smooth_l1_loss(q, 0.99 * nxt + 1.0)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        with torch.no_grad():
+            for p, t in zip(self.policy.parameters(), self.target.parameters()):
+                t.mul_(0.995).add_(p, alpha=0.005)
+        return loss.item()
 """
 
 
@@ -58,6 +87,7 @@ def loops():
 
 
 def _grads(tmp_path: Path, trainer: Any, calls: int = 4, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    cls = type(trainer).__name__
     i = [0]
 
     def drive() -> None:
@@ -65,7 +95,7 @@ def _grads(tmp_path: Path, trainer: Any, calls: int = 4, **kw: Any) -> tuple[dic
         i[0] += 1
 
     out = tmp_path / "g.json"
-    args = {"target": spec("fp_grads_workload", "step", "Trainer"), "calls": calls, "timeout": 30,
+    args = {"target": spec("fp_grads_workload", "step", cls), "calls": calls, "timeout": 30,
             "path": str(out), **kw}
     result, _ = run_handler("torch grads", args, drive)
     return result, json.loads(out.read_text())
@@ -229,3 +259,41 @@ def test_unreadable_parameters_are_said_not_judged_healthy() -> None:
     lin(torch.randn(2, 4)).sum().backward()
     doc["measurements"] = [{"models": [grad_stats.measure(torch, list(lin.named_parameters()))]}]
     assert grad_health.findings_for(doc, "g.json") == []
+
+
+def test_gradients_written_into_a_network_no_optimizer_steps_are_named(loops, tmp_path):
+    # The DQN tutorial's target network run with autograd on: backward fills its grads, which no
+    # optimizer holds and nothing zeroes. Before, with a method nothing was said (norms rise
+    # too slowly to look like accumulation), and without one "exploding: clip the gradients".
+    for with_grad in (True, False):
+        _, doc = _grads(tmp_path, loops.QLearner(with_grad), calls=4)
+        found = grad_health.findings_for(doc, "g.json")
+        if not with_grad:
+            assert found == [], [f.title for f in found]
+            continue
+        (f,) = found
+        assert f.metrics["pattern"] == "unstepped-grads" and f.severity == "warning"
+        assert f.metrics["model"].endswith("target"), f.metrics
+        assert "no_grad" in f.fix[0] and "requires_grad_(False)" in f.fix[1]
+        # each optimizer says every model it holds parameters of
+        policy = next(i for i, m in enumerate(doc["models"]) if m["name"].endswith("policy"))
+        assert [o["models"] for o in doc["optimizers"]] == [[policy]]
+    assert hooks.active() == []
+
+
+def test_a_model_trained_by_an_optimizer_over_two_models_is_not_unstepped():
+    # One optimizer over a GAN's both halves (itertools.chain): each is held, nothing to say.
+    norms = [[1.0, 2.0], [1.5, 2.5], [2.0, 3.0]]
+    doc = {"models": [{"name": f"m.{n}", "class": "torch.nn.Linear", "numel": 10, "params": 2,
+                       "layers": []} for n in ("g", "d")],
+           "measurements": [{"models": [{"grad_norm": a, "with_grad": 2}, {"grad_norm": b, "with_grad": 2}]}
+                            for a, b in norms],
+           "optimizers": [{"class": "torch.optim.adam.Adam", "params": 4, "model": 0, "models": [0, 1],
+                           "steps": 6, "zero_grad_calls": 6}],
+           "zeroing": {"observed": True, "module_zero_grad_calls": [0, 0], "backward_calls": 6}}
+    assert [f for f in grad_health.findings_for(doc, "g.json")
+            if f.metrics.get("pattern") == "unstepped-grads"] == []
+    # the same optimizer seen as holding only the first: the second is named
+    doc["optimizers"][0]["models"] = [0]
+    (f,) = [f for f in grad_health.findings_for(doc, "g.json") if f.metrics.get("pattern") == "unstepped-grads"]
+    assert f.metrics["model"] == "m.d"

@@ -96,7 +96,7 @@ def find_optimizers(torch: Any, param_owner: dict[int, int], module_ids: list[se
         owners = [param_owner[i] for i in ids if i in param_owner]
         model = max(set(owners), key=owners.count) if owners else None
         out.append({"id": id(o), "class": f"{type(o).__module__}.{type(o).__qualname__}",
-                    "params": len(ids), "model": model,
+                    "params": len(ids), "model": model, "models": sorted(set(owners)),
                     "lr": float(lr) if isinstance(lr, (int, float)) else None})
     return out
 

@@ -209,6 +209,9 @@ def _optimizer(where: str, o: Any, n_models: int) -> None:
     model = o.get("model")
     if model is not None and (type(model) is not int or not 0 <= model < max(n_models, 1)):
         raise _bad(f"{where}.model", f"a model index below {n_models}", model)
+    for i, m in enumerate(_list(f"{where}.models", o.get("models"))):
+        if type(m) is not int or not 0 <= m < max(n_models, 1):
+            raise _bad(f"{where}.models[{i}]", f"a model index below {n_models}", m)
     for key in ("params", "steps", "zero_grad_calls"):
         _count(f"{where}.{key}", o.get(key))
     _figure(f"{where}.lr", o.get("lr"))

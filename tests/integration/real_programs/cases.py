@@ -128,6 +128,14 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
               "character, a hand-written SGD update (no optimizer object); with the mistake the "
               "loss is nan within 500 names"),
     Program(
+        "dqn", r"Episode 20\t",
+        forward=("__main__", "DQN", "forward"), step=("__main__", "optimize_model"),
+        mistake=Expected(("grad-health",), holder="target_net", fix=("no_grad",),
+                         why="the target network's forward runs with grad: backward fills its "
+                             "gradients, which no optimizer zeroes"),
+        notes="the PyTorch DQN tutorial: a capped replay memory (deque, 10,000) filling for the "
+              "first ~20 s, optimize_model() once per environment step, a soft target update"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),

@@ -82,9 +82,76 @@ def _zeroing(doc: dict[str, Any], index: int) -> tuple[bool | str | None, list[s
 def findings_for(doc: dict[str, Any], name: str) -> list[Finding]:
     out: list[Finding] = []
     for index, model in enumerate(doc["models"]):
-        out.extend(_model_findings(doc, name, index, model))
+        unstepped = _unstepped(doc, name, index, model)
+        found = _model_findings(doc, name, index, model)
+        if unstepped:
+            # Its norms grow because nothing zeroes what nothing uses: "accumulating, call
+            # zero_grad" or "exploding, clip" would name the symptom and the wrong fix.
+            found = [f for f in found if f.metrics.get("pattern") == "non-finite"]
+        out.extend(unstepped + found)
         out.extend(_unread(doc, name, index, model))
     return out
+
+
+def _stepped_models(doc: dict[str, Any]) -> set[int]:
+    """Indexes of the models an optimizer holds parameters of (``models``; older documents
+    name only the optimizer's main ``model``)."""
+    out: set[int] = set()
+    for o in doc.get("optimizers") or []:
+        held = o.get("models")
+        out.update(held if isinstance(held, list) else [o.get("model")] if o.get("model") is not None else [])
+    return out
+
+
+def _unstepped(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
+    """Gradients written into a model that no optimizer steps and nothing zeroes: a target
+    network, a teacher or a frozen encoder whose forward ran with autograd on (the DQN
+    tutorial's target net without `torch.no_grad()`). Every backward adds to its .grad: wasted
+    backward compute, a .grad as big as the model, norms that grow without bound.
+
+    Proof, not a guess: optimizers are watched and step (so training goes through them), none
+    holds this model's parameters, no zero_grad() reached it while measured, backward passes ran,
+    and its gradient norm changed between measurements (grads written now, not left from an
+    earlier phase of the program)."""
+    z = doc.get("zeroing") or {}
+    opts = doc.get("optimizers") or []
+    if not z.get("observed") or not opts or index in _stepped_models(doc):
+        return []
+    if sum(int(o.get("steps") or 0) for o in opts) < 2 and int(z.get("backward_calls") or 0) < 2:
+        return []
+    calls = z.get("module_zero_grad_calls") or []
+    if index < len(calls) and int(calls[index] or 0) > 0:
+        return []
+    norms = [v for v in _series(doc, index) if v is not None]
+    if len(norms) < 2 or not any(b != a for a, b in zip(norms, norms[1:])):
+        return []
+    shown = ", ".join(_fmt(v) for v in _series(doc, index))
+    short = model["name"].rsplit(".", 1)[-1]
+    backwards = z.get("backward_calls")
+    return [Finding(
+        rule="grad-health", severity="warning",
+        title=f"backward() writes gradients into {model['name']}, which no optimizer steps",
+        summary=(f"No optimizer holds the parameters of {model['name']} and nothing zeroes them, yet "
+                 f"its gradients change at every measurement ({shown}): its forward runs with "
+                 "autograd on inside the loss, so every backward() also runs through it."),
+        evidence=[f"grad norm per measurement: {shown}",
+                  f"optimizers watched: {', '.join(o['class'].rsplit('.', 1)[-1] for o in opts)}; "
+                  f"none holds a parameter of {short}",
+                  f"backward passes while measured: {backwards}; zero_grad() calls reaching "
+                  f"{short}: 0"],
+        where=[f"{model['name']} ({model['class']}, {model['numel']:,} parameters)",
+               *([f"measured after each call of {doc['target']}"] if doc.get("target") else [])],
+        root_cause=("The network's output feeds the loss with autograd on (a target network, a "
+                    "teacher, a frozen encoder): backward() computes gradients for all of its "
+                    "parameters, which no optimizer uses and nothing clears, so they add up step "
+                    "after step (wasted backward compute, a .grad as big as the model, norms "
+                    "growing without bound)."),
+        fix=[f"Run {short}'s forward under `with torch.no_grad():` (or `.detach()` its output) "
+             "where it only provides targets.",
+             f"If it never trains, freeze it once: `{short}.requires_grad_(False)`."],
+        inputs=[name],
+        metrics={"pattern": "unstepped-grads", "model": model["name"], "grad_norms": norms,
+                 "backward_calls": backwards})]
 
 
 def _unread(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
