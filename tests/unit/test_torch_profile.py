@@ -9,6 +9,7 @@ import io
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,53 @@ def test_window_mode_sees_other_threads(tmp_path):
     trace = load_trace(tmp_path / "w.json")
     assert result["all_threads"] is True and result["mode"] == "window"
     assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"] if e.get("cat") == "cpu_op")
+
+
+@pytest.mark.parametrize("optimizer", [True, False])
+def test_a_window_with_steps_ends_once_every_optimizer_stepped(tmp_path, optimizer):
+    # A loop stepping ~100 times a second: --steps 20 ends a 20 s window after its 1 s floor.
+    # Without an optimizer there are no steps to count: the whole window (here 1.5 s).
+    stop = threading.Event()
+    lin = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(lin.parameters(), lr=1e-3)
+
+    def worker() -> None:
+        while not stop.is_set():
+            lin(torch.randn(4, 16)).sum().backward()
+            if optimizer:
+                opt.step()
+                opt.zero_grad()
+            stop.wait(0.01)
+
+    t = threading.Thread(target=worker, name="trainer")
+    t.start()
+    try:
+        started = time.monotonic()
+        result, _ = run_handler("torch profile", {"duration": 20.0 if optimizer else 1.5, "steps": 20,
+                                                  "path": str(tmp_path / "w.json")})
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        t.join()
+    if optimizer:
+        assert result["ended_by_steps"] == 20 and 1.0 <= result["duration_s"] < 5.0, result
+        (steps,) = result["optimizer_steps"].values()
+        assert steps >= 20
+        assert took < 10.0
+    else:
+        assert "ended_by_steps" not in result and result["duration_s"] >= 1.5
+    assert hooks.active() == []
+
+
+def test_steps_needs_a_window_without_a_method():
+    from flight_profiler.errors import UsageError
+    from flight_profiler.requests import parse
+
+    assert parse("torch profile --duration 5 --steps 20").args["steps"] == 20
+    for bad in ("torch profile --steps 20 mod f", "torch profile mod f --window --duration 5 --steps 3",
+                "torch profile --duration 5 --steps 0"):
+        with pytest.raises(UsageError):
+            parse(bad)
 
 
 def test_timeout_after_some_calls_keeps_what_was_recorded(work, tmp_path):

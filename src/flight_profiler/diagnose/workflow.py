@@ -76,6 +76,11 @@ CPU_RECORD_SKIPPED = ("a CPU-only target: the profile's memory events (profile.j
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
+# Without a method, the --duration window ends once every optimizer stepped this many times
+# (after 1 s at least): whole steps are what the report needs, and a fast loop's 5 s window was
+# millions of events (a DQN stepping 450 times a second: 41 s to stop, export and load, of a
+# 60-66 s diagnosis). A loop without an optimizer keeps the whole window.
+WINDOW_STEPS = 20
 # The profile's answer comes after torch exports the trace inside the target: a 5 s with_stack
 # window of a GAN's loop on a loaded 2-core box took longer than the window's own timeout plus
 # the backstop (the phase was cancelled and its trace lost, 1 run in 2 at load 15). The CLI's
@@ -234,7 +239,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
     else:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
         request = torch_requests.profile(duration=o.duration, file=path, profile_memory=True,
-                                         with_stack=True)
+                                         with_stack=True, steps=WINDOW_STEPS)
         run.command(phase, request, timeout=o.duration + o.timeout + EXPORT_S)
         why = "no method given" if o.target is None else f"{o.target.label} was not called"
         phase.data["mode"] = f"{o.duration:g}s window ({why})"

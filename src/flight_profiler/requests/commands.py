@@ -213,6 +213,9 @@ def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--window", is_flag=True,
               help="All threads around the next N calls: the whole steps they run in (with a method; "
                    "--duration: at most this long once the calls are in).")
+@click.option("--steps", type=click.IntRange(1),
+              help="With --duration alone: end the window sooner, once every optimizer stepped N "
+                   "times (after 1 s at least): a fast loop's 5 s window is millions of events.")
 @click.option("--tensorboard", type=click.Path(file_okay=False), help="Write DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz.")
 @click.option("--label", default="", help="Trace name (and TensorBoard run name).")
 @click.pass_context
@@ -226,6 +229,7 @@ def profile(ctx: click.Context, /, **_: Any) -> AgentRequest:
     torch profile mypkg.trainer Trainer step --schedule 1,1,3
     torch profile __main__ Model forward -n 10 --window    the steps around 10 calls
     torch profile --duration 5 -f window.json.gz
+    torch profile --duration 5 --steps 20    at most 5 s, less once 20 steps are in
     """
     return torch.profile(**_given(ctx))
 

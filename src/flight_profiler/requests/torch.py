@@ -115,11 +115,15 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
             with_stack: bool = False, sort_by: str | None = None, row_limit: int | None = None,
             timeout: float | None = None, schedule: str | None = None,
             tensorboard: str | None = None, label: str | None = None,
-            window: bool = False) -> AgentRequest:
+            window: bool = False, steps: int | None = None) -> AgentRequest:
     """The next ``calls`` of ``target``, or all threads for ``duration`` s, to a Chrome trace;
     ``schedule``: "wait,warmup,active[,repeat]". ``window``: all threads around the next
     ``calls`` of ``target`` (whole steps around them; ``duration``: at most this long once the
-    calls are in)."""
+    calls are in). ``steps`` (a window without a method): end it once every optimizer stepped
+    that many times, after 1 s at least."""
+    if steps is not None and (target or duration is None):
+        raise UsageError("torch profile: --steps ends a --duration window without a method",
+                         "e.g. `torch profile --duration 5 --steps 20`")
     if window and not target:
         raise UsageError("torch profile: --window needs `module [class] method`",
                          "e.g. `torch profile __main__ Model forward -n 10 --window`")
@@ -144,6 +148,8 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
         if schedule:
             raise UsageError("torch profile: --schedule needs a method")
         args["duration"] = duration
+        if steps is not None:
+            args["steps"] = steps
     else:
         args.update(target=target_args(target), calls=calls or 1,
                     timeout=60.0 if timeout is None else timeout, schedule=schedule_list(schedule))
@@ -153,7 +159,7 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
                 args["duration"] = duration
     line = (Line("torch profile", *target).flag("--window", window).option("--duration", duration)
             .option("-n", calls)
-            .option("--schedule", schedule).option("-f", file).flag("--record-shapes", record_shapes)
+            .option("--steps", steps).option("--schedule", schedule).option("-f", file).flag("--record-shapes", record_shapes)
             .flag("--profile-memory", profile_memory).flag("--with-stack", with_stack)
             .option("--sort-by", sort_by).option("--row-limit", row_limit).option("--timeout", timeout)
             .option("--tensorboard", tensorboard).option("--label", label))

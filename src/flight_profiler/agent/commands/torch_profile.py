@@ -76,7 +76,9 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
                             "this torch cannot profile all threads (no profile_all_threads): the "
                             "calls only, one session each")
     elif duration is not None:
-        prof, info = _window(ctx, torch, float(duration), use_cuda, options)
+        steps = ctx.arg("steps")
+        prof, info = _window(ctx, torch, float(duration), use_cuda, options,
+                             int(steps) if steps else None)
     else:
         prof, info = _method(ctx, torch, spec, use_cuda, options,
                              export_dir=os.path.dirname(path) or ".")
@@ -176,7 +178,17 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     return profs, info
 
 
-def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: dict[str, bool]) -> tuple[Any, dict[str, Any]]:
+# A window cut by --steps lasts this long at least: a job stepping 450 times a second would
+# otherwise give a window of a few milliseconds, too short for what the loop does between steps.
+STEPS_MIN_WINDOW_S = 1.0
+STEPS_POLL_S = 0.05
+
+
+def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: dict[str, bool],
+            steps: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """All threads for ``duration`` s; with ``steps``, less once every optimizer stepped that many
+    times (the same session ends sooner: a second, shorter session to measure the job's rate
+    first was tried, and torch crashed in its stop with back-to-back all-threads sessions)."""
     if not 0 < duration <= 3600:
         raise CommandError(f"--duration {duration:g} is out of range", "0 < seconds <= 3600", ERR_USAGE)
     kwargs: dict[str, Any] = {"activities": _activities(torch, use_cuda), **options}
@@ -190,15 +202,24 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
     start_profiler(prof)
     started = time.monotonic()
     cancelled = False
+    ended_by_steps = False
     marks = StepMarks(torch, None)
     try:
         profile_window.mark_optimizers(ctx, torch, marks)
+        told = 0.0
         while True:
-            left = duration - (time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            left = duration - elapsed
             if left <= 0:
                 break
-            ctx.emit({"event": "progress", "what": "profile", "message": f"profiling all threads: {left:.0f} s left"})
-            if ctx.wait(min(1.0, left)):
+            if steps is not None and elapsed >= STEPS_MIN_WINDOW_S and (marks.fewest_steps() or 0) >= steps:
+                ended_by_steps = True
+                break
+            if elapsed >= told:
+                told = elapsed + 1.0
+                ctx.emit({"event": "progress", "what": "profile",
+                          "message": f"profiling all threads: {left:.0f} s left"})
+            if ctx.wait(min(STEPS_POLL_S if steps is not None else 1.0, left)):
                 cancelled = True
                 break
     finally:
@@ -208,6 +229,8 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
         stop_profiler(prof)
     info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3), "all_threads": all_threads,
                             "cancelled": cancelled, "optimizer_steps": marks.optimizer_steps()}
+    if ended_by_steps:
+        info["ended_by_steps"] = steps
     if not all_threads:
         info["note"] = "this torch cannot profile other threads (no profile_all_threads): the trace is mostly empty"
     return prof, info

@@ -182,7 +182,9 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
     _file_line(data, console, "trace")
     if data.get("mode") == "window":
         console.print(f"profiled {'all threads' if data.get('all_threads') else 'the agent thread only'} "
-                      f"for {fmt(data.get('duration_s'), 'g')} s")
+                      f"for {fmt(data.get('duration_s'), 'g')} s"
+                      + (f" (ended once every optimizer stepped {fmt(data['ended_by_steps'], 'd')} "
+                         "times: --steps)" if data.get("ended_by_steps") else ""))
     else:
         console.print(f"profiled {fmt(data.get('calls_recorded'), 'd')} of "
                       f"{fmt(data.get('calls_requested'), 'd')} calls of {txt(data.get('target'))}",
