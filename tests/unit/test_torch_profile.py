@@ -188,18 +188,27 @@ def test_window_mode_sees_other_threads(tmp_path):
     assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"] if e.get("cat") == "cpu_op")
 
 
-@pytest.mark.parametrize("optimizer", [True, False])
-def test_a_window_with_steps_ends_once_every_optimizer_stepped(tmp_path, optimizer):
+@pytest.mark.parametrize("loop", ["optimizer", "hand-written", "inference"])
+def test_a_window_with_steps_ends_once_every_optimizer_stepped(tmp_path, loop, monkeypatch):
     # A loop stepping ~100 times a second: --steps 20 ends a 20 s window after its 1 s floor.
-    # Without an optimizer there are no steps to count: the whole window (here 1.5 s).
+    # A hand-written update (no optimizer built): its backward passes are the steps. An
+    # inference loop has no steps to count: the whole window (here 1.5 s).
+    from flight_profiler.agent import profile_window
+
+    monkeypatch.setattr(profile_window, "builds_optimizers", lambda torch: loop == "optimizer")
     stop = threading.Event()
     lin = torch.nn.Linear(16, 16)
     opt = torch.optim.SGD(lin.parameters(), lr=1e-3)
+    optimizer = loop != "inference"
 
     def worker() -> None:
         while not stop.is_set():
-            lin(torch.randn(4, 16)).sum().backward()
-            if optimizer:
+            if loop == "inference":
+                with torch.no_grad():
+                    lin(torch.randn(4, 16))
+            else:
+                lin(torch.randn(4, 16)).sum().backward()
+            if loop == "optimizer":
                 opt.step()
                 opt.zero_grad()
             stop.wait(0.01)
@@ -216,8 +225,9 @@ def test_a_window_with_steps_ends_once_every_optimizer_stepped(tmp_path, optimiz
         t.join()
     if optimizer:
         assert result["ended_by_steps"] == 20 and 1.0 <= result["duration_s"] < 5.0, result
-        (steps,) = result["optimizer_steps"].values()
-        assert steps >= 20
+        if loop == "optimizer":
+            (steps,) = result["optimizer_steps"].values()
+            assert steps >= 20
         assert took < 10.0
     else:
         assert "ended_by_steps" not in result and result["duration_s"] >= 1.5

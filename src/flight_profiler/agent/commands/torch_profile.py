@@ -187,7 +187,8 @@ STEPS_POLL_S = 0.05
 def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: dict[str, bool],
             steps: int | None = None) -> tuple[Any, dict[str, Any]]:
     """All threads for ``duration`` s; with ``steps``, less once every optimizer stepped that many
-    times (the same session ends sooner: a second, shorter session to measure the job's rate
+    times, or, in a program that built none, once that many backward passes ran (the same
+    session ends sooner: a second, shorter session to measure the job's rate
     first was tried, and torch crashed in its stop with back-to-back all-threads sessions)."""
     if not 0 < duration <= 3600:
         raise CommandError(f"--duration {duration:g} is out of range", "0 < seconds <= 3600", ERR_USAGE)
@@ -206,15 +207,19 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
     marks = StepMarks(torch, None)
     try:
         profile_window.mark_optimizers(ctx, torch, marks)
+        # Without an optimizer (a hand-written update), backward passes are the steps.
+        trains = steps is not None and profile_window.builds_optimizers(torch)
         told = 0.0
         while True:
             elapsed = time.monotonic() - started
             left = duration - elapsed
             if left <= 0:
                 break
-            if steps is not None and elapsed >= STEPS_MIN_WINDOW_S and (marks.fewest_steps() or 0) >= steps:
-                ended_by_steps = True
-                break
+            if steps is not None and elapsed >= STEPS_MIN_WINDOW_S:
+                fewest = marks.fewest_steps() if trains else marks.backwards
+                if (fewest or 0) >= steps:
+                    ended_by_steps = True
+                    break
             if elapsed >= told:
                 told = elapsed + 1.0
                 ctx.emit({"event": "progress", "what": "profile",
