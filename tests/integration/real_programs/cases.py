@@ -47,6 +47,7 @@ class Program:
     notes: str = ""
     methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
     nproc: int = 0                         # > 0: started by torchrun with this many ranks
+    script_name: str = ""                  # another program's script (run with ``args``)
 
     @property
     def distributed(self) -> bool:
@@ -64,7 +65,7 @@ class Program:
 
     @property
     def script(self) -> Path:
-        return HERE / f"{self.name}.py"
+        return HERE / f"{self.script_name or self.name}.py"
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
@@ -135,6 +136,14 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
                              "gradients, which no optimizer zeroes"),
         notes="the PyTorch DQN tutorial: a capped replay memory (deque, 10,000) filling for the "
               "first ~20 s, optimize_model() once per environment step, a soft target update"),
+    Program(
+        "dqn_ring_buffer", r"Episode 20\t",
+        forward=("__main__", "DQN", "forward"), step=("__main__", "optimize_model"),
+        mistake=Expected(("grad-health",), holder="target_net", fix=("no_grad",),
+                         why="the target network's forward runs with grad"),
+        args=("--ring-buffer",), script_name="dqn",
+        notes="the DQN tutorial's older replay memory, much copied: a plain list used as a ring "
+              "buffer up to `capacity`, which nothing marks as capped; it grows for ~20 s"),
     Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
