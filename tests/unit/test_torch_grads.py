@@ -297,3 +297,13 @@ def test_a_model_trained_by_an_optimizer_over_two_models_is_not_unstepped():
     doc["optimizers"][0]["models"] = [0]
     (f,) = [f for f in grad_health.findings_for(doc, "g.json") if f.metrics.get("pattern") == "unstepped-grads"]
     assert f.metrics["model"] == "m.d"
+
+
+def test_fixes_name_the_model_as_code_would():
+    # "`run_style_transfer() local model.requires_grad_(False)`" was the neural-transfer
+    # tutorial's fix: the holder path, not an expression.
+    assert grad_health.variable("run_style_transfer() local model") == "model"
+    assert grad_health.variable("main() local trainer.nets[0]") == "trainer.nets[0]"
+    assert grad_health.variable("__main__.target_net") == "target_net"
+    assert grad_health.variable("<DQN at 0x7f00>") == "model"
+    assert grad_health.variable("f() local d['k']") == "model"

@@ -145,6 +145,16 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
         notes="the DQN tutorial's older replay memory, much copied: a plain list used as a ring "
               "buffer up to `capacity`, which nothing marks as capped; it grows for ~20 s"),
     Program(
+        "neural_style", r"run \[100\]",
+        forward=("torch.nn.modules.container", "Sequential", "forward"),
+        step=("torch.optim.lbfgs", "LBFGS", "step"),
+        mistake=Expected(("grad-health",), fix=("requires_grad_(False)",),
+                         why="the extractor is not frozen: backward fills its weights' gradients, "
+                             "which nothing steps or zeroes"),
+        notes="the PyTorch neural-transfer tutorial: LBFGS over the input image, a frozen "
+              "feature extractor (an nn.Sequential) whose loss modules store self.loss at each "
+              "forward; no trainable model"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),

@@ -9,6 +9,7 @@ explode before turning non-finite make the explosion the non-finite values' caus
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from flight_profiler.report.grads import finite, num
@@ -18,6 +19,21 @@ from flight_profiler.report.thresholds import T
 
 ZERO_GRAD_FIX = ("Call `optimizer.zero_grad()` once per step, before `loss.backward()` (or after "
                  "`optimizer.step()`); with deliberate accumulation, every k steps right after the step.")
+
+
+_EXPR = re.compile(r"[A-Za-z_][\w.]*(\[\d+\])*")
+
+
+def variable(name: str) -> str:
+    """What a fix can write in code for a model named by its holder path: a local's expression
+    in its frame (`run_style_transfer() local model` -> `model`, `main() local trainer.model` ->
+    `trainer.model`), a module global's name (`__main__.target_net` -> `target_net`); `model`
+    for anything else (an unreached `<DQN at 0x...>`)."""
+    if " local " in name:
+        expr = name.split(" local ", 1)[1]
+    else:
+        expr = name.rsplit(".", 1)[-1] if "." in name else name
+    return expr if _EXPR.fullmatch(expr) else "model"
 
 
 def _series(doc: dict[str, Any], index: int) -> list[float | None]:
@@ -126,7 +142,7 @@ def _unstepped(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]
     if len(norms) < 2 or not any(b != a for a, b in zip(norms, norms[1:])):
         return []
     shown = ", ".join(_fmt(v) for v in _series(doc, index))
-    short = model["name"].rsplit(".", 1)[-1]
+    short = variable(model["name"])
     backwards = z.get("backward_calls")
     return [Finding(
         rule="grad-health", severity="warning",
@@ -227,7 +243,7 @@ def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str,
             summary=f"Gradient norm over {len(norms)} measurements: {shown}.",
             evidence=[f"grad norm per measurement: {shown}", *zero_evidence, *scaled_note],
             where=where, root_cause=cause,
-            fix=([f"Call `{model['name'].rsplit('.', 1)[-1]}.zero_grad()` at the start of each "
+            fix=([f"Call `{variable(model['name'])}.zero_grad()` at the start of each "
                   "step, before the forward (the loop has no optimizer: the model's own), or "
                   "clear each `p.grad` after the update."] if unzeroed else
                  [ZERO_GRAD_FIX, "Or `model.zero_grad(set_to_none=True)` at the start of each step."]),
