@@ -358,7 +358,7 @@ def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOp
     st = statuses(result)
     assert st["locate"] == st["record"] == st["watch"] == st["trace"] == "skipped"
     assert "no method given" in result.phase("watch").reason
-    assert any(ln.startswith("torch profile --duration 0.1 --steps 20 -f ") for ln in driver.lines)
+    assert any(ln.startswith("torch profile --duration 0.1 --steps 10 -f ") for ln in driver.lines)
 
 
 def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions) -> None:

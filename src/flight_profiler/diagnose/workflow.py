@@ -80,7 +80,7 @@ HEAVY_WATCH_CALLS = 5
 # (after 1 s at least): whole steps are what the report needs, and a fast loop's 5 s window was
 # millions of events (a DQN stepping 450 times a second: 41 s to stop, export and load, of a
 # 60-66 s diagnosis). A loop without an optimizer keeps the whole window.
-WINDOW_STEPS = 20
+WINDOW_STEPS = 10
 # The profile's answer comes after torch exports the trace inside the target: a 5 s with_stack
 # window of a GAN's loop on a loaded 2-core box took longer than the window's own timeout plus
 # the backstop (the phase was cancelled and its trace lost, 1 run in 2 at load 15). The CLI's
