@@ -1,6 +1,7 @@
 """`diagnose` on realistic programs written the way the field's tutorials write them
 (tests/integration/real_programs: an LSTM language model, a DCGAN, an LBFGS sequence model, a
-Transformer with gradient accumulation, an AMP classifier, a two-rank DDP trainer under torchrun),
+Transformer with gradient accumulation, an AMP classifier, a VAE, an actor-critic, a character RNN,
+a DQN, a neural style transfer, MNIST, a two-rank DDP trainer under torchrun),
 healthy and with one classic mistake, pointed at the model's `forward`, at the step, and at
 nothing, as users do.
 
