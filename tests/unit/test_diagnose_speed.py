@@ -29,13 +29,14 @@ def _options(tmp_path: Path, calls: int, duration: float = 0.1) -> DiagnoseOptio
                            calls=calls, duration=duration, timeout=7.0)
 
 
-def _first_call_costs(ms: float) -> FakeDriver:
-    """A fake whose locate phase sees one call of ``ms`` milliseconds."""
+def _first_call_costs(ms: float, cuda: bool = True) -> FakeDriver:
+    """A fake whose locate phase sees one call of ``ms`` milliseconds (a CUDA target: the
+    allocation recording runs there only)."""
     def locate(words: list[str], on_event: Any) -> dict[str, Any]:
         on_event({"type": "call", "n": 1, "cost_ms": ms, "ts": 1000.0, "thread": "MainThread"})
         return {"reason": "count", "matched": 1, "target": "__main__.train_step"}
 
-    return FakeDriver(overrides={"watch __main__ train_step --expr cost -n 1 ": locate})
+    return FakeDriver(cuda=cuda, overrides={"watch __main__ train_step --expr cost -n 1 ": locate})
 
 
 def _calls_asked(driver: FakeDriver) -> dict[str, int]:
@@ -69,6 +70,10 @@ def test_a_cheap_method_keeps_the_calls_asked_for(tmp_path: Path) -> None:
     assert _calls_asked(driver) == {
         "torch profile": 5, "torch memory -r": 10, "watch __main__": 10, "trace __main__": 10,
         "torch grads": 5}
+    # a CPU-only target: no recording (the profile of the same calls holds its memory events)
+    driver = _first_call_costs(10.0, cuda=False)
+    run_diagnosis(driver, _options(tmp_path / "cpu", calls=10))
+    assert "torch memory -r" not in _calls_asked(driver)
 
 
 def test_the_wait_for_growth_loads_the_report_inputs_written_so_far(

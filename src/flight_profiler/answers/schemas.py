@@ -170,7 +170,7 @@ GRADS = Rule(Obj(optional={
                                    "grad_enabled": BOOL, "saved_bytes": INT,
                                    "saved_tensors": INT, "unpacked": INT})})),
     "optimizers": ListOf(Obj(required={"class": STR}, optional={
-        "lr": ANY, "model": INT, "steps": INT, "zero_grad_calls": INT})),
+        "lr": ANY, "model": INT, "models": ListOf(INT), "steps": INT, "zero_grad_calls": INT})),
     "zeroing": Obj(optional={"observed": BOOL, "module_zero_grad_calls": ListOf(INT)}),
 }), _measurements_cover_models)
 
