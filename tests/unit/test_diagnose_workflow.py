@@ -192,7 +192,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         "torch memory",
         f"torch memory -s -f {out}/snapshot-before.pickle",
         f"torch profile __main__ train_step --window --duration 0.1 -n 4 -f {out}/profile.json.gz "
-        "--profile-memory --with-stack --timeout 7",
+        "--profile-memory --with-stack --row-limit 0 --timeout 7",
         f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7 --budget 0.75",
         "watch __main__ train_step --expr cost -n 4 --timeout 7",
         # three censuses, each right after a call of the method, each compared with the last

@@ -63,3 +63,42 @@ def test_gradient_accumulation_waits_for_the_optimizer_not_the_first_backward() 
     # 4 micro-batches a step: their backwards come before the optimizer's first step
     assert not profile_window._enough(_marks(4, [], backwards=3), 3, 0.3, 5.0, trains=True)
     assert profile_window._enough(_marks(16, [4], backwards=16), 3, 0.9, 5.0, trains=True)
+
+
+def test_backward_passes_inside_an_optimizer_step_are_counted_apart() -> None:
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.LBFGS([w], max_iter=3)
+    marks = StepMarks(torch, None)
+
+    def backward(loss: Any) -> None:
+        token = marks.on_backward_enter((), {})
+        loss.backward()
+        marks.on_backward_exit(token, None, None, 0)
+
+    def closure() -> Any:
+        opt.zero_grad()
+        loss = (w ** 2).sum()
+        backward(loss)
+        return loss
+
+    opt.step(closure)
+    inside = marks.closure_backwards
+    backward((w * 3).sum())  # a plain loop's backward, outside any step()
+    assert inside >= 2
+    assert marks.closure_backwards == inside and marks.backwards == inside + 1
+
+
+def test_a_step_that_outlasts_the_window_has_its_closures_as_steps() -> None:
+    # a PINN: ONE LBFGS step of max_iter=50000 runs for minutes; its closure (two forwards and a
+    # backward) is what repeats. The window waited --duration for an optimizer step to end.
+    enough = profile_window._enough
+    pinn = _marks(44, [], backwards=22)
+    pinn.closure_backwards = 22
+    assert not enough(pinn, 5, 0.5, 5.0, trains=True)  # an LBFGS step of a few closures may end
+    assert enough(pinn, 5, profile_window.CLOSURE_STEPS_AFTER_S, 5.0, trains=True)
+    # once an optimizer step ends in the window, optimizer steps are the steps again
+    pinn.steps = [1]
+    assert not enough(pinn, 5, 2.0, 5.0, trains=True)
+    # backward passes outside any optimizer step, in a program that has one: still wait for it
+    plain = _marks(44, [], backwards=22)
+    assert not enough(plain, 5, 2.0, 5.0, trains=True)

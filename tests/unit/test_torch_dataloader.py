@@ -119,11 +119,22 @@ def test_next_timer_counts_whole_batch_periods_only() -> None:
     # GIVEN next() calls at 0, 1, 2, 3 s taking 0.25 s each, then one cut by the window's end
     timer = dataloader_state.NextTimer()
     for start in (0.0, 1.0, 2.0, 3.0):
-        timer.on_exit(start, None, None, 250_000_000)
+        timer.on_exit((start, 0.0), None, None, 250_000_000)
     [row] = timer.summary({})
     # THEN the share is over the 3 whole periods between the first and the last call's start
     assert row["batches"] == 3 and row["window_s"] == 3.0
     assert row["share"] == 0.25
+
+
+def test_next_timer_takes_the_agents_other_hooks_out_of_the_loop() -> None:
+    # GIVEN a loop whose model forwards the agent follows meanwhile (graph_use), its hooks taking
+    # 0.2 s of each 1 s period after the first: the loop itself would measure 0.25 / 0.8
+    timer = dataloader_state.NextTimer()
+    for k, start in enumerate((0.0, 1.0, 2.0, 3.0)):
+        timer.on_exit((start, 0.2 * k), None, None, 250_000_000)
+    [row] = timer.summary({})
+    assert row["window_s"] == 2.4 and row["hooks_s"] == 0.6
+    assert row["share"] == round(0.75 / 2.4, 4)
 
 
 def _frames_in(files: dict[str, str], call: str) -> tuple[Any, Any, Any]:

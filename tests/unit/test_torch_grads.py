@@ -307,3 +307,91 @@ def test_fixes_name_the_model_as_code_would():
     assert grad_health.variable("__main__.target_net") == "target_net"
     assert grad_health.variable("<DQN at 0x7f00>") == "model"
     assert grad_health.variable("f() local d['k']") == "model"
+
+
+CHAR_RNN = """
+import torch
+
+class Cell(torch.nn.Module):
+    # practical-pytorch's char-rnn-generation: forward once per character, hidden in and out
+    def __init__(self):
+        super().__init__()
+        self.i2h = torch.nn.Linear(8 + 16, 16)
+        self.h2o = torch.nn.Linear(16, 8)
+
+    def forward(self, x, hidden):
+        hidden = torch.tanh(self.i2h(torch.cat([x, hidden], 1)))
+        return self.h2o(hidden), hidden
+
+cell = Cell()
+opt = torch.optim.Adam(cell.parameters(), lr=1e-3)
+
+def train(chunk_len=12):
+    hidden = torch.zeros(1, 16)
+    opt.zero_grad()
+    loss = 0
+    for c in range(chunk_len):
+        output, hidden = cell(torch.randn(1, 8), hidden)
+        loss = loss + output.pow(2).mean()
+    loss.backward()
+    opt.step()
+    return loss.item()
+"""
+
+
+def _char_rnn_grads(tmp_path: Path) -> dict[str, Any]:
+    module = types.ModuleType("fp_char_rnn")
+    module.__file__ = "/nonexistent/fp_char_rnn.py"
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(textwrap.dedent(CHAR_RNN), module.__file__, "exec"), module.__dict__)
+        out = tmp_path / "g.json"
+        run_handler("torch grads", {"target": spec("fp_char_rnn", "forward", "Cell"), "calls": 4,
+                                    "timeout": 30, "path": str(out)}, module.train)
+        return json.loads(out.read_text())  # type: ignore[no-any-return]
+    finally:
+        sys.modules.pop(module.__name__, None)
+        module.__dict__.clear()
+        gc.collect()
+
+
+def test_calls_of_a_forward_run_many_times_a_step_are_judged_by_the_step_s_backward(tmp_path):
+    # 4 calls of a forward called 12 times a step are all in before the step's backward: what
+    # was said of them then (no backward read their graphs, `hidden` chained from call to call)
+    # was a critical graph-chain and an evaluation-with-grad warning on a healthy program.
+    from flight_profiler.report.models import InputResult
+    from flight_profiler.report.rules import Context, eval_with_grad, graph_chain
+
+    doc = _char_rnn_grads(tmp_path)
+    zeroing = doc["zeroing"]
+    assert zeroing["backward_after_calls"] is True and zeroing["backward_calls"] >= 1, zeroing
+    costs = [m["autograd"] for m in doc["measurements"]]
+    # the step's backward read what each measured call saved, after the call returned
+    assert all(c["unpacked"] == 0 and c["unpacked_after"] > 0 for c in costs), costs
+    assert eval_with_grad.live_evidence(doc) is None
+    ctx = Context(grads=[InputResult(path=str(tmp_path / "g.json"), kind="grads", ok=True, data=doc)])
+    assert graph_chain._from_calls(ctx) == []
+
+
+def test_evaluation_with_grad_is_evidence_once_a_backward_came_and_read_none_of_it(loops, tmp_path):
+    from flight_profiler.report.rules import eval_with_grad
+
+    loops.Trainer.evaluate = lambda self, i: self.model(torch.randn(256, 8)).sum().item()  # grad on
+    trainer = loops.Trainer()
+    i = [0]
+
+    def drive() -> None:
+        trainer.step(i[0])
+        trainer.evaluate(i[0])
+        i[0] += 1
+
+    out = tmp_path / "evaluate.json"
+    run_handler("torch grads", {"target": spec("fp_grads_workload", "evaluate", "Trainer"), "calls": 3,
+                                "timeout": 30, "path": str(out)}, drive)
+    doc = json.loads(out.read_text())
+    assert doc["zeroing"]["backward_after_calls"] is True
+    assert all(m["autograd"]["unpacked_after"] == 0 for m in doc["measurements"])
+    # the optimizer stepped while measured: before, that alone made the calls no evidence
+    assert any(o["steps"] > 0 for o in doc["optimizers"])
+    found = eval_with_grad.live_evidence(doc)
+    assert found is not None and found["calls"] == 3

@@ -517,3 +517,19 @@ def test_traces_are_compressed_at_gzips_fastest_level(work, tmp_path, monkeypatc
     assert header[:2] == b"\x1f\x8b" and header[8] == 4  # XFL 4: "compressor used fastest algorithm"
     assert load_trace(path)["traceEvents"]
 
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+def test_without_a_table_the_trace_is_never_parsed_in_the_target(work, tmp_path, monkeypatch, calls):
+    # diagnose asks for no operator table (`--row-limit 0`: the report computes its own): a
+    # trace of 36 MB took 1.4 s to parse and 3.7 s to write back inside the job, and ~10x its
+    # size in the job's memory; copied as exported, 0.4 s
+    loads = count_json_loads(monkeypatch)
+    path = tmp_path / "t.json.gz"
+    result, _ = profile_method(work, {"calls": calls, "path": str(path), "row_limit": 0})
+    assert loads == []
+    monkeypatch.undo()
+    trace = load_trace(path)
+    assert {"aten::addmm", "aten::mm"} <= {e["name"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
+    assert result["top_ops"] is None and "flight_profiler report" not in (result.get("note") or "")
+    assert hooks.active() == []

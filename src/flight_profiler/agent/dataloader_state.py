@@ -314,24 +314,30 @@ class NextTimer:
     """
 
     def __init__(self) -> None:
-        self._calls: dict[int, list[tuple[float, float]]] = {}
+        self._calls: dict[int, list[tuple[float, float, float]]] = {}
         self._lock = threading.Lock()
         self._n = 0
+        # Seconds the agent's other hooks took so far (graph_use.GraphUse.overhead_s), read at
+        # each next(): the loop they lengthen is measured without them.
+        self.overhead: Callable[[], float] | None = None
 
-    def on_enter(self, args: Any, kwargs: Any) -> float:
-        return time.perf_counter()
+    def on_enter(self, args: Any, kwargs: Any) -> tuple[float, float]:
+        overhead = self.overhead
+        return (time.perf_counter(), overhead() if overhead is not None else 0.0)
 
     def on_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
-        if not isinstance(token, float):
+        if not isinstance(token, tuple):
             return
+        start, hooks_s = token
         with self._lock:
             if self._n >= _MAX_TIMED:
                 return
             self._n += 1
-            self._calls.setdefault(threading.get_ident(), []).append((token, token + elapsed_ns / 1e9))
+            self._calls.setdefault(threading.get_ident(), []).append((start, start + elapsed_ns / 1e9, hooks_s))
 
     def summary(self, names: dict[int, str]) -> list[dict[str, Any]]:
-        """Per thread with >= 3 calls: calls, seconds in next() and the share of the loop."""
+        """Per thread with >= 3 calls: calls, seconds in next() and the share of the loop (the
+        seconds the agent's other hooks took meanwhile taken out of the loop's time)."""
         with self._lock:
             calls = {k: sorted(v) for k, v in self._calls.items()}
         out: list[dict[str, Any]] = []
@@ -339,12 +345,16 @@ class NextTimer:
             if len(spans) < 3:
                 continue
             first, last = spans[0][0], spans[-1][0]
-            whole = [(s, e) for s, e in spans if s < last]
+            whole = [(s, e) for s, e, _ in spans if s < last]
             inside = sum(e - s for s, e in whole)
-            window = last - first
-            out.append({"thread": names.get(ident, str(ident)), "batches": len(whole),
-                        "next_s": round(inside, 4), "window_s": round(window, 4),
-                        "share": round(inside / window, 4) if window > 0 else None})
+            hooks_s = max(0.0, spans[-1][2] - spans[0][2])
+            window = last - first - hooks_s
+            row = {"thread": names.get(ident, str(ident)), "batches": len(whole),
+                   "next_s": round(inside, 4), "window_s": round(window, 4),
+                   "share": round(inside / window, 4) if window > 0 else None}
+            if hooks_s:
+                row["hooks_s"] = round(hooks_s, 4)
+            out.append(row)
         out.sort(key=lambda r: -int(r["batches"]))
         return out
 

@@ -33,7 +33,7 @@ from . import hooks, targets
 from .profiler_sessions import start_profiler, stop_profiler
 from .protocol import ERR_FAILED
 from .registry import CommandError, Context
-from .step_marks import BACKWARD_SPEC, StepMarks, hook_optimizers
+from .step_marks import BACKWARD_SPEC, StepMarks, hook_optimizers, optimizer_classes
 
 # Whole steps of every optimizer the window waits for (3 points of memory or time per step are
 # the least a trend is judged on); past ``soft`` seconds one whole step will do.
@@ -42,6 +42,11 @@ DEFAULT_SOFT_S = 5.0
 # How long a window whose calls are in waits for a first backward when the program has built no
 # optimizer (a hand-written update steps after each backward; an inference loop never has one).
 NO_STEP_WAIT_S = 1.0
+# How long a window waits for an optimizer step to end while backward passes run inside one
+# (closures) before it takes those backward passes as the steps (StepMarks.backward_steps): an
+# LBFGS step of a few closures ends within it (the time-series model: 0.1-0.4 s); a PINN's one
+# step of max_iter=50000 runs for minutes.
+CLOSURE_STEPS_AFTER_S = 1.0
 
 
 def all_threads_config(torch: Any) -> Any:
@@ -76,10 +81,14 @@ def _enough(marks: StepMarks, calls: int, elapsed: float, soft: float, trains: b
     any backward or optimizer step: a window of forwards alone says nothing of the step and its
     graphs look unused. So until one comes the window goes on: up to ``soft`` seconds when the
     program has built an optimizer (``trains``), else NO_STEP_WAIT_S (an inference loop has
-    none to wait for). Without an optimizer stepping, backward passes are the steps."""
+    none to wait for). Without an optimizer stepping, backward passes are the steps; so are
+    they where they run inside an optimizer's step that has not ended after
+    CLOSURE_STEPS_AFTER_S (an LBFGS closure's: a step that outlasts the window)."""
     fewest = marks.fewest_steps()
     if fewest is None and not trains and marks.backwards:
         fewest = marks.backwards
+    if fewest is None:
+        fewest = marks.backward_steps(CLOSURE_STEPS_AFTER_S, elapsed)
     if marks.entered >= calls + 1:
         if fewest is not None:
             if fewest >= STEPS_WANTED + 1:
@@ -93,23 +102,7 @@ def builds_optimizers(torch: Any) -> bool:
     """Whether the program has built an optimizer: torch wraps a class's ``step`` (for the
     profiler's annotation) the first time one of its instances is built and marks it
     ``hooked``, so the classes say it without a walk over gc's objects."""
-    base = getattr(getattr(torch, "optim", None), "Optimizer", None)
-    if not isinstance(base, type):
-        return False
-    todo: list[type] = [base]
-    seen: set[type] = set()
-    while todo and len(seen) < 1000:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        if getattr(cls.__dict__.get("step"), "hooked", False):
-            return True
-        try:
-            todo.extend(cls.__subclasses__())
-        except TypeError:
-            continue
-    return False
+    return any(getattr(cls.__dict__.get("step"), "hooked", False) for cls in optimizer_classes(torch))
 
 
 def holds_a_step(ctx: Context, torch: Any, target: Any, timeout: float) -> bool | None:

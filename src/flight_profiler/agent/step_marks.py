@@ -8,7 +8,10 @@ each optimizer's steps, as ``record_function`` annotations (user_annotation even
   tells a method that IS the step from one that runs inside it, or several times in it);
 * ``on_backward_enter``/``on_backward_exit`` for a hook on ``torch.autograd.backward`` (which
   ``Tensor.backward`` calls): each backward pass in an annotation ``flight_profiler.backward``
-  (a loop with a hand-written update and no optimizer object steps once per backward);
+  (a loop with a hand-written update and no optimizer object steps once per backward); those
+  that run inside an optimizer's ``step()`` (an LBFGS closure) are counted apart
+  (``closure_backwards``): a PINN's one LBFGS step of ``max_iter=50000`` runs for minutes, and
+  a window waiting for optimizer steps to end waited its whole ``--duration`` for none;
 * ``on_optimizer_step`` for torch's global optimizer step post-hook: one annotation
   ``flight_profiler.optimizer_step#<k> <Class>`` at the end of every ``step()`` of optimizer
   number ``k`` (numbered in the order they are first seen). torch's own
@@ -34,6 +37,59 @@ BACKWARD_MARK = "flight_profiler.backward"
 BACKWARD_SPEC = {"module": "torch.autograd", "method": "backward"}
 
 
+# Frames looked at above a backward pass for an optimizer's step (the closure's own frames, the
+# model's, the program's loop): a bound, since the walk runs in the target's thread.
+STEP_FRAME_DEPTH = 64
+
+
+def optimizer_classes(torch: Any, limit: int = 1000) -> list[type]:
+    """torch.optim.Optimizer and its subclasses (at most ``limit``), without a walk over gc."""
+    base = getattr(getattr(torch, "optim", None), "Optimizer", None)
+    if not isinstance(base, type):
+        return []
+    todo: list[type] = [base]
+    seen: dict[type, None] = {}
+    while todo and len(seen) < limit:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen[cls] = None
+        try:
+            todo.extend(cls.__subclasses__())
+        except TypeError:
+            continue
+    return list(seen)
+
+
+def optimizer_step_codes(torch: Any) -> frozenset[Any]:
+    """The code objects of every optimizer class's ``step`` and of what wraps it (torch's
+    profiling hook, ``_use_grad_for_differentiable``)."""
+    codes: set[Any] = set()
+    for cls in optimizer_classes(torch):
+        fn = cls.__dict__.get("step")
+        for _ in range(10):
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                break
+            codes.add(code)
+            fn = getattr(fn, "__wrapped__", None)
+    return frozenset(codes)
+
+
+def in_optimizer_step(codes: frozenset[Any]) -> bool:
+    """Whether the calling thread runs inside an optimizer's ``step()``."""
+    if not codes:
+        return False
+    frame: Any = sys._getframe(1)
+    for _ in range(STEP_FRAME_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class StepMarks:
     def __init__(self, torch: Any, label: str | None) -> None:
         self._record = torch.autograd.profiler.record_function
@@ -45,6 +101,8 @@ class StepMarks:
         self._classes: list[str] = []
         self.steps: list[int] = []  # steps per optimizer number
         self.backwards = 0
+        self.closure_backwards = 0  # of them, those run inside an optimizer's step()
+        self._step_codes = optimizer_step_codes(torch)
         self.changed = threading.Event()
 
     # -- the method --------------------------------------------------------------------------
@@ -67,15 +125,28 @@ class StepMarks:
     def on_backward_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         mark = self._record(BACKWARD_MARK)
         mark.__enter__()
-        return mark
+        return (mark, in_optimizer_step(self._step_codes))
 
     def on_backward_exit(self, token: Any, value: Any, exc: BaseException | None,
                          elapsed_ns: int) -> None:
         if token is not None:
-            token.__exit__(None, None, None)
+            token[0].__exit__(None, None, None)
         with self._lock:
             self.backwards += 1
+            if token is not None and token[1]:
+                self.closure_backwards += 1
         self.changed.set()
+
+    def backward_steps(self, after: float, elapsed: float) -> int | None:
+        """Backward passes as the steps, where no optimizer step ended (yet) in ``elapsed``
+        seconds but, after ``after`` seconds, backward passes ran inside an optimizer's step
+        (its closure): a step that outlasts the window (a PINN's LBFGS, max_iter=50000) ends in
+        none of it, and the report then finds the steps from the backward passes. None
+        otherwise."""
+        with self._lock:
+            if self.steps or elapsed < after or not self.closure_backwards:
+                return None
+            return self.closure_backwards
 
     # -- the optimizers ----------------------------------------------------------------------
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

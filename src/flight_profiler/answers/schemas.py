@@ -168,10 +168,13 @@ GRADS = Rule(Obj(optional={
     "measurements": ListOf(Obj(required={"models": ListOf(_MODEL_FIGURES)},
                                optional={"autograd": Obj(optional={
                                    "grad_enabled": BOOL, "saved_bytes": INT,
-                                   "saved_tensors": INT, "unpacked": INT})})),
+                                   "saved_tensors": INT, "unpacked": INT,
+                                   "unpacked_after": INT})})),
     "optimizers": ListOf(Obj(required={"class": STR}, optional={
         "lr": ANY, "model": INT, "models": ListOf(INT), "steps": INT, "zero_grad_calls": INT})),
-    "zeroing": Obj(optional={"observed": BOOL, "module_zero_grad_calls": ListOf(INT)}),
+    "zeroing": Obj(optional={"observed": BOOL, "module_zero_grad_calls": ListOf(INT),
+                             "backward_calls": INT, "backward_after_calls": BOOL,
+                             "waited_for_backward_s": NUM}),
 }), _measurements_cover_models)
 
 _FIRST_NAN = Obj(required={"op": TEXT, "phase": TEXT, "call": INT, "nan": INT, "inf": INT,

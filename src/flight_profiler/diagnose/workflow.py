@@ -222,7 +222,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         calls = min(run.calls_for(HEAVY_CALLS), PROFILE_CALLS)
         request = torch_requests.profile(run.words(), calls=calls, window=True,
                                          duration=o.duration, file=path, profile_memory=True,
-                                         with_stack=True, timeout=o.timeout)
+                                         with_stack=True, timeout=o.timeout, row_limit=0)
         result = run.command(phase, request, timeout=o.timeout + EXPORT_S, expect_calls=calls)
         if result.get("mode") == "around":
             steps = ", ".join(f"optimizer {k}: {n} steps"
@@ -239,7 +239,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
     else:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
         request = torch_requests.profile(duration=o.duration, file=path, profile_memory=True,
-                                         with_stack=True, steps=WINDOW_STEPS)
+                                         with_stack=True, steps=WINDOW_STEPS, row_limit=0)
         run.command(phase, request, timeout=o.duration + o.timeout + EXPORT_S)
         why = "no method given" if o.target is None else f"{o.target.label} was not called"
         phase.data["mode"] = f"{o.duration:g}s window ({why})"

@@ -140,7 +140,8 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
         raise UsageError("torch profile: --tensorboard and -f cannot be combined", "--tensorboard names the file itself")
     args: dict[str, Any] = {
         "record_shapes": record_shapes, "profile_memory": profile_memory, "with_stack": with_stack,
-        "sort_by": sort_by, "row_limit": row_limit or 15, "label": label or "", **_out(file),
+        "sort_by": sort_by, "row_limit": 15 if row_limit is None else row_limit, "label": label or "",
+        **_out(file),
     }
     if tensorboard:
         args["tensorboard"] = os.path.abspath(os.path.expanduser(tensorboard))

@@ -163,6 +163,33 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
         notes="pytorch/examples' MNIST: workers only on CUDA, so num_workers=0 on a CPU; "
               "synthetic digits read as uint8 arrays, ToTensor and Normalize; test() each epoch"),
     Program(
+        "pinn_burgers", r"Iter 200,",
+        forward=("__main__", "DNN", "forward"),
+        step=("__main__", "PhysicsInformedNN", "loss_func"),
+        mistake=Expected(("graph-retention", "memory-leak"), holder="loss_history",
+                         fix=(".item()",), also=("memory-leak", "graph-retention"),
+                         why="self.loss_history.append(loss): every closure's graph kept for a plot"),
+        notes="a PINN as the PyTorch ports of Raissi's write it: the residual by autograd.grad "
+              "(create_graph=True), ONE LBFGS step of max_iter=50000 running for minutes, so the "
+              "step a user names is the closure (loss_func); no optimizer step ends in a window"),
+    Program(
+        "char_rnn_generation", r"\(40 ",
+        forward=("__main__", "RNN", "forward"), step=("__main__", "train"),
+        mistake=Expected(("graph-retention", "memory-leak", "graph-chain"), holder="loss",
+                         fix=(".item()",), also=("memory-leak", "graph-retention", "graph-chain"),
+                         why="train() returns the loss tensor: loss_avg sums 20 steps' graphs and "
+                             "all_losses keeps every sum"),
+        notes="practical-pytorch's char-rnn-generation: a GRU's forward once per character of a "
+              "200-character chunk, losses summed in Python, Adam, a sample every 20 steps"),
+    Program(
+        "wgan_gp", r"\[Epoch 1/",
+        forward=("__main__", "Generator", "forward"), step=("torch.optim.adam", "Adam", "step"),
+        mistake=Expected(("grad-health",), holder="zero_grad", fix=("zero_grad",),
+                         why="optimizer_D.zero_grad() lost: the critic's gradients accumulate"),
+        notes="PyTorch-GAN's wgan_gp.py: the gradient penalty by autograd.grad(create_graph=True), "
+              "the critic stepped every batch and the generator every 5th (two Adams), "
+              "fake images not detached for the critic, num_workers=0"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),
@@ -257,6 +284,7 @@ _DDP_EPOCH = re.compile(r"Epoch \d+: .*\(time ([\d.]+)s, data ([\d.]+)s\)")
 _DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 _MNIST_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ \([^)]*\)\]\tLoss: [\d.e+-]+\tData ([\d.]+)%")
 _VAE_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ .*\tData ([\d.]+)\tTime ([\d.]+)")
+_WGAN_LINE = re.compile(r"\[Epoch \d+/\d+\] \[Batch \d+/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 
 
 def own_dataloader_share(name: str, log: str) -> float | None:
@@ -264,7 +292,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
     attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
     cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations; ddp_trainer:
     rank 0's last epoch, its training and validation loaders' waits over the epoch; mnist: its
-    Data % over the last logged intervals)."""
+    Data % over the last logged intervals; wgan_gp: seconds per 50 batches)."""
     if name == "amp_classifier":
         rows = [(int(e), int(i) + 1, float(t), float(d)) for e, i, t, d in _AMP_LINE.findall(log)]
         if len(rows) < 2 or rows[-1][0] != rows[-2][0]:
@@ -284,6 +312,14 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         if len(shares) < STEADY_INTERVALS:
             return None
         return round(sum(shares[-STEADY_INTERVALS:]) / STEADY_INTERVALS, 2)
+    if name == "wgan_gp":
+        # 50 batches a line; the first line's interval is the first batch alone (Time 0)
+        rows = [(float(d), float(t)) for d, t in _WGAN_LINE.findall(log)][1:]
+        if len(rows) < STEADY_INTERVALS:
+            return None
+        last = rows[-STEADY_INTERVALS:]
+        total = sum(t for _, t in last)
+        return round(100.0 * sum(d for d, _ in last) / total, 2) if total > 0 else None
     if name in ("dcgan", "vae"):
         # the first line's interval holds the workers' start (the first batch's wait): not steady
         pattern, first = (_DCGAN_LINE, 20) if name == "dcgan" else (_VAE_LINE, 1280)
@@ -300,7 +336,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
 def steady_dataloader_share(name: str, log: Path, timeout: float = 20.0) -> float | None:
     """own_dataloader_share once the program has logged a steady interval (None for programs
     without meters, or none logged within ``timeout``)."""
-    if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae", "mnist"):
+    if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae", "mnist", "wgan_gp"):
         return None
     deadline = time.monotonic() + timeout
     while True:

@@ -41,6 +41,8 @@ def handle_dataloader(ctx: Context) -> dict[str, Any]:
     spec = ctx.arg("target")
     followed = _graph_use(ctx, torch, spec) if spec and sample > 0 else None
     use = followed[0] if followed else None
+    if timer is not None and use is not None:
+        timer.overhead = lambda: use.overhead_s
     try:
         result = dataloader_state.state(sample, cancelled=lambda: bool(ctx.cancelled), timer=timer)
     finally:

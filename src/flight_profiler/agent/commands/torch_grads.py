@@ -19,7 +19,16 @@ import threading
 import time
 from typing import Any
 
-from .. import call_window, carried_graphs, grad_stats, graph_cost, hooks, optim_watch, targets
+from .. import (
+    call_window,
+    carried_graphs,
+    grad_stats,
+    graph_cost,
+    hooks,
+    optim_watch,
+    profile_window,
+    targets,
+)
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
 from ..safepoint import at_safe_point
@@ -27,6 +36,14 @@ from ..torch_support import check_writable, file_result, get_torch, output_path,
 
 FORMAT = "flight_profiler.grads"
 VERSION = 1
+# After the measured calls, how long to wait for a backward pass to end when none ended after the
+# last one: a method called many times a step (a character RNN's forward, once per character of
+# a 200-character chunk) has its calls in before the step's backward, and only that backward says
+# whether its graphs were used and whether a link between two calls was state carried past a step
+# or the step being built (a false critical graph-chain, issue 18). A program that built an
+# optimizer waits this long; one without waits profile_window.NO_STEP_WAIT_S (a hand-written
+# update steps after each backward; an inference loop has none to wait for).
+BACKWARD_WAIT_S = 2.0
 
 
 class _Run:
@@ -45,6 +62,11 @@ class _Run:
         self.with_graph_cost = True
         self.active_thread: int | None = None
         self.carried: dict[str, Any] | None = None
+        # each measured call's counter of saved tensors read back: a backward after the call
+        # returns still reads through it (the hooks stay with the graph); counters only
+        self.costs: list[graph_cost.CallGraphCost | None] = []
+        self.backwards_at_last_call: int | None = None
+        self.watch: optim_watch.OptimWatch | None = None
 
     def start(self, index: int) -> None:
         self.active_thread = threading.get_ident()
@@ -60,6 +82,31 @@ class _Run:
         self.measure(index)
         self.measurements[-1]["autograd"] = autograd
         self.measurements[-1]["carried"] = self.carried
+        self.costs.append(cost)
+        if self.watch is not None:
+            self.backwards_at_last_call = self.watch.backwards
+
+    def wait_for_backward(self, ctx: Context, seconds: float) -> dict[str, Any]:
+        """Wait up to ``seconds`` for a backward pass to end after the last measured call, when
+        that call left a graph no backward had read yet (a step's own calls, whose backward ran
+        inside them, and calls under no_grad have nothing to wait for); then say, per call, how
+        many of its saved tensors were read back after it returned."""
+        watch, last = self.watch, self.backwards_at_last_call
+        if watch is None or last is None or not self.measurements:
+            return {}
+        autograd = self.measurements[-1].get("autograd") or {}
+        pending = bool(autograd.get("grad_enabled") and autograd.get("saved_tensors") and not autograd.get("unpacked"))
+        started = time.monotonic()
+        while pending and watch.backwards == last and time.monotonic() - started < seconds:
+            if ctx.wait(0.02):
+                break
+        came = watch.backwards > last
+        for m, cost in zip(self.measurements, self.costs):
+            autograd = m.get("autograd")
+            if cost is not None and isinstance(autograd, dict):
+                autograd["unpacked_after"] = max(0, cost.unpacked - int(autograd.get("unpacked") or 0))
+        self.costs = []
+        return {"backward_after_calls": came, "waited_for_backward_s": round(time.monotonic() - started, 3)}
 
     def watch_carried(self, ctx: Context, spec: dict[str, Any],
                       watch: optim_watch.OptimWatch | None = None) -> None:
@@ -99,6 +146,7 @@ class _Run:
 
     def release(self) -> None:
         self.models = None
+        self.costs = []
         self.scalers = []
 
 
@@ -118,12 +166,19 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
         watch = optim_watch.OptimWatch()
         watch.install(ctx, torch)
     info: dict[str, Any] = {}
+    after: dict[str, Any] = {}
     try:
         if spec:
             run.with_graph_cost = not graph_cost.suspends(spec)
+            run.watch = watch
             run.watch_carried(ctx, spec, watch)
+            started = time.monotonic()
             # In the target's own thread, right after the call: no race with its ops.
             info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads")
+            if not info.get("cancelled"):
+                wait = BACKWARD_WAIT_S if profile_window.builds_optimizers(torch) else profile_window.NO_STEP_WAIT_S
+                left = timeout - (time.monotonic() - started)
+                after = run.wait_for_backward(ctx, max(0.0, min(wait, left)))
         else:
             for i in range(calls):
                 if i and ctx.wait(interval):
@@ -144,7 +199,7 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
         "mode": "method" if spec else "snapshot", "target": info.get("target"),
         "models": run.described, "measurements": run.measurements,
         "optimizers": run.optimizers,
-        "zeroing": optim_watch.watch_summary(watch, run.optimizers, run.model_ids),
+        "zeroing": {**optim_watch.watch_summary(watch, run.optimizers, run.model_ids), **after},
     }
     size = write_json(path, doc)
     return {**file_result(path, size), **doc,

@@ -84,18 +84,23 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
                              export_dir=os.path.dirname(path) or ".")
     name = ctx.arg("label") or f"flight_profiler pid {os.getpid()} {info.get('target', 'window')}"
     notes: list[str] = []
+    rows = ctx.arg("row_limit")
+    rows = 15 if rows is None else int(rows)
     try:
-        size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name), notes)
+        size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name),
+                                         notes, parse=rows > 0)
     finally:
         del prof
-    if trace is None:
+    if trace is None and rows <= 0:
+        table = None
+    elif trace is None:
         table = None
         earlier = f"{info['note']}; " if info.get("note") else ""
         info["note"] = earlier + (f"the trace is {size / 2**20:.0f} MiB compressed: its top operators were not "
                         "computed inside this process (parsing it here would take about 10x its "
                         f"uncompressed size in memory); `flight_profiler report {path}` lists them")
     else:
-        table = trace_tools.top_ops(trace, sort_by, int(ctx.arg("row_limit") or 15))
+        table = trace_tools.top_ops(trace, sort_by, rows)
     del trace
     if notes:
         info["note"] = "; ".join(([info["note"]] if info.get("note") else []) + notes)
@@ -187,9 +192,10 @@ STEPS_POLL_S = 0.05
 def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: dict[str, bool],
             steps: int | None = None) -> tuple[Any, dict[str, Any]]:
     """All threads for ``duration`` s; with ``steps``, less once every optimizer stepped that many
-    times, or, in a program that built none, once that many backward passes ran (the same
+    times, or, in a program that built none, once that many backward passes ran, as also where
+    they run inside an optimizer step that has not ended (an LBFGS closure's). (The same
     session ends sooner: a second, shorter session to measure the job's rate
-    first was tried, and torch crashed in its stop with back-to-back all-threads sessions)."""
+    first was tried, and torch crashed in its stop with back-to-back all-threads sessions.)"""
     if not 0 < duration <= 3600:
         raise CommandError(f"--duration {duration:g} is out of range", "0 < seconds <= 3600", ERR_USAGE)
     kwargs: dict[str, Any] = {"activities": _activities(torch, use_cuda), **options}
@@ -217,6 +223,8 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
                 break
             if steps is not None and elapsed >= STEPS_MIN_WINDOW_S:
                 fewest = marks.fewest_steps() if trains else marks.backwards
+                if fewest is None:  # backward passes in an optimizer step that has not ended
+                    fewest = marks.backward_steps(STEPS_MIN_WINDOW_S, elapsed)
                 if (fewest or 0) >= steps:
                     ended_by_steps = True
                     break

@@ -77,10 +77,10 @@ def render_grads(data: dict[str, Any], console: Console) -> None:
             console.print(f"  cause: {txt(f.root_cause)}", highlight=False)
         for fix in f.fix[:2]:
             console.print(f"  fix: {txt(fix)}", highlight=False)
-    from flight_profiler.report.rules.eval_with_grad import unused_graphs
+    from flight_profiler.report.rules.eval_with_grad import live_evidence
     from flight_profiler.report.units import fmt_bytes
 
-    unused = unused_graphs(data)
+    unused = live_evidence(data)
     if unused:
         mean = sum(unused["saved_bytes"]) / len(unused["saved_bytes"])
         console.print(f"[yellow]warning:[/yellow] every measured call ran with autograd on and saved "

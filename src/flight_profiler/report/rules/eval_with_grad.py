@@ -14,10 +14,10 @@ Without steps (a window with no optimizer step, backward or marked call): the wi
 model operators recorded with grad on and not one backward function.
 
 Evidence, from `torch grads METHOD` (live, per call): every measured call ran with grad mode on,
-saved tensors for backward and no backward read any of them during the call. Alone, that is
-evidence only where nothing trains: a forward's graph is used by the backward after it returns,
-so a training loop (an optimizer stepping meanwhile, or backward functions in the profile) makes
-it no evidence.
+saved tensors for backward and no backward read any of them, during the call or after it until
+the first backward pass that ended after the last call (the agent waits for one). Alone, that
+is evidence where such a backward came, or where nothing trains (live_evidence): a forward's
+graph is used by the backward after it returns.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def unused_graphs(doc: dict[str, Any]) -> dict[str, Any] | None:
     costs = [m.get("autograd") for m in doc.get("measurements") or []]
     if not costs or any(not isinstance(c, dict) for c in costs):
         return None
-    if all(c.get("grad_enabled") and int(c.get("saved_bytes") or 0) > 0 and not c.get("unpacked") for c in costs):
+    if all(c.get("grad_enabled") and int(c.get("saved_bytes") or 0) > 0 and not c.get("unpacked")
+           and not c.get("unpacked_after") for c in costs):
         per_call = [int(c["saved_bytes"]) for c in costs]
         return {"target": doc.get("target"), "calls": len(costs), "saved_bytes": per_call,
                 "saved_tensors": [int(c.get("saved_tensors") or 0) for c in costs]}
@@ -67,6 +68,24 @@ ROOT = ("The evaluation/inference code path is not wrapped in torch.no_grad() or
 def _trains(doc: dict[str, Any]) -> bool:
     """An optimizer stepped while `torch grads` measured: the method's graphs are used later."""
     return any(int(o.get("steps") or 0) > 0 for o in doc.get("optimizers") or [])
+
+
+def live_evidence(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """unused_graphs, where it is evidence on its own: a backward pass ended after the measured
+    calls and read none of their graphs (``unpacked_after``), or nothing trains. A forward's
+    graph is read by the backward after it returns: calls of a method called many times a step
+    (a character RNN's forward) are all in before that backward, and where no backward came
+    while the agent waited (newer documents) in a program that has an optimizer, or an optimizer
+    stepped meanwhile (older ones), nothing was seen either way."""
+    unused = unused_graphs(doc)
+    if unused is None:
+        return None
+    zeroing = doc.get("zeroing") or {}
+    if zeroing.get("backward_after_calls"):
+        return unused
+    if _trains(doc) or ("backward_after_calls" in zeroing and doc.get("optimizers")):
+        return None
+    return unused
 
 
 def _from_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[InputResult, dict[str, Any]]],
@@ -142,7 +161,7 @@ def _without_steps(inp: InputResult, ag: dict[str, Any], measured: list[tuple[In
 def check(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     measured = [(g, u) for g in ctx.grads for u in [unused_graphs(g.data)] if u is not None]
-    training = any(_trains(g.data) for g in ctx.grads)
+    alone = [(g, u) for g in ctx.grads for u in [live_evidence(g.data)] if u is not None]
     judged = False
     for inp in ctx.traces:
         ag = inp.data.get("autograd") or {}
@@ -152,9 +171,9 @@ def check(ctx: Context) -> list[Finding]:
             found = _without_steps(inp, ag, measured)
         if found is not None:
             out.append(found)
-    # The live calls alone: only where no profile saw graphs used and nothing trains.
-    if not out and not judged and not training:
-        for g, u in measured:
+    # The live calls alone: only where no profile saw graphs used, and where they are evidence.
+    if not out and not judged:
+        for g, u in alone:
             out.append(Finding(
                 rule="eval-with-grad", severity="warning",
                 title=f"{u['target']} runs with autograd on and never uses the graph it builds",
