@@ -1,7 +1,9 @@
 """`diagnose` on realistic programs written the way the field's tutorials write them
 (tests/integration/real_programs: an LSTM language model, a DCGAN, an LBFGS sequence model, a
 Transformer with gradient accumulation, an AMP classifier, a VAE, an actor-critic, a character RNN,
-a DQN, a neural style transfer, MNIST, a two-rank DDP trainer under torchrun),
+a DQN, a neural style transfer, MNIST, a PINN trained by one long LBFGS step, a character-level
+GRU text generator, a WGAN-GP, a two-rank DDP trainer under torchrun, the DDP tutorial's model
+under torch.multiprocessing.spawn),
 healthy and with one classic mistake, pointed at the model's `forward`, at the step, and at
 nothing, as users do.
 
@@ -79,3 +81,14 @@ def test_ddp_validation_with_grad_on_rank_0_is_found(tmp_path: Path) -> None:
 
 def test_ddp_job_with_all_ranks_finds_rank_0s_validation_and_the_ranks_survive(tmp_path: Path) -> None:
     run_case(tmp_path, "ddp_trainer", True, "all-ranks")
+
+
+# The DDP tutorial's ToyModel started by torch.multiprocessing.spawn, diagnosed on rank 0's pid:
+# healthy with nothing named; its mistake (the loop calls the module DDP wraps, so gradients are
+# never all-reduced) with `forward` named.
+def test_healthy_spawned_ddp_rank_gets_no_warning(tmp_path: Path) -> None:
+    run_case(tmp_path, "ddp_spawn", False, "none")
+
+
+def test_a_loop_that_bypasses_ddp_is_found_on_a_spawned_rank(tmp_path: Path) -> None:
+    run_case(tmp_path, "ddp_spawn", True, "forward")

@@ -395,3 +395,57 @@ def test_evaluation_with_grad_is_evidence_once_a_backward_came_and_read_none_of_
     assert any(o["steps"] > 0 for o in doc["optimizers"])
     found = eval_with_grad.live_evidence(doc)
     assert found is not None and found["calls"] == 3
+
+
+DDP_LOOP = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+ddp_model = DDP(model)
+opt = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
+
+def step(bypass):
+    opt.zero_grad()
+    out = model(torch.randn(4, 8)) if bypass else ddp_model(torch.randn(4, 8))
+    out.pow(2).mean().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_a_loop_that_calls_the_module_ddp_wraps_is_seen(tmp_path, bypass):
+    # the DDP tutorial's ToyModel trained through `model(x)` instead of `ddp_model(x)`: no
+    # backward all-reduces, each rank trains its own copy (a 1-rank group here: the counts)
+    import torch.distributed as dist
+
+    from flight_profiler.report.rules import grad_health
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    module = types.ModuleType("fp_ddp_loop")
+    module.__file__ = "/nonexistent/fp_ddp_loop.py"
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(textwrap.dedent(DDP_LOOP), module.__file__, "exec"), module.__dict__)
+        out = tmp_path / "g.json"
+        run_handler("torch grads", {"calls": 3, "interval": 0.2, "timeout": 30, "path": str(out)},
+                    lambda: module.step(bypass))
+        doc = json.loads(out.read_text())
+    finally:
+        sys.modules.pop(module.__name__, None)
+        module.__dict__.clear()
+        dist.destroy_process_group()
+        gc.collect()
+    [ddp] = doc["zeroing"]["ddp"]
+    assert ddp["world_size"] == 1 and doc["models"][ddp["model"]]["class"].endswith("DistributedDataParallel")
+    assert (ddp["forward_calls"] == 0) == bypass, ddp
+    assert not [f for f in grad_health.findings_for(doc, "g.json")
+                if f.metrics.get("pattern") == "ddp-bypassed"]  # one rank loses nothing
+    # the same counts with two ranks: critical, the wrapper named in the fix
+    ddp["world_size"] = 2
+    found = [f for f in grad_health.findings_for(doc, "g.json") if f.metrics.get("pattern") == "ddp-bypassed"]
+    if bypass:
+        assert [f.severity for f in found] == ["critical"]
+        assert "ddp_model(inputs)" in found[0].fix[0] and "2 ranks" in found[0].summary
+    else:
+        assert found == []

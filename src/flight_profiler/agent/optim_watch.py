@@ -19,6 +19,12 @@ from .gc_walk import live_instances
 from .registry import Context
 from .step_marks import BACKWARD_SPEC
 
+# DistributedDataParallel's forward: what all-reduces the gradients in the backward after it
+# (it prepares the reducer). A loop that calls the module DDP wraps instead (`model(x)`,
+# `ddp_model.module(x)`) trains each rank's copy alone. Hooked only where the program imported it.
+DDP_FORWARD = {"module": "torch.nn.parallel.distributed", "class": "DistributedDataParallel",
+               "method": "forward"}
+
 _ZERO_GRAD = (
     ("optimizer", {"module": "torch.optim.optimizer", "class": "Optimizer", "method": "zero_grad"}),
     ("module", {"module": "torch.nn.modules.module", "class": "Module", "method": "zero_grad"}),
@@ -32,6 +38,8 @@ class OptimWatch:
         self.zero_grads: dict[int, int] = {}
         self.module_zero_grads: dict[int, int] = {}
         self.backwards = 0
+        self.ddp_forwards: dict[int, int] = {}
+        self.ddp_observed = False
         self.installed: list[str] = []
         self.errors: list[str] = []
 
@@ -55,6 +63,15 @@ class OptimWatch:
             self.installed.append(backward.description)
         except Exception as exc:
             self.errors.append(f"cannot observe backward passes: {exc}")
+        if DDP_FORWARD["module"] in sys.modules:
+            try:
+                ddp = targets.resolve(DDP_FORWARD)
+                ctx.add_hook("torch grads: counting DistributedDataParallel forward calls",
+                             hooks.install(ddp, None, self._counter(self.ddp_forwards)))
+                self.installed.append(ddp.description)
+                self.ddp_observed = True
+            except Exception as exc:
+                self.errors.append(f"cannot observe DistributedDataParallel.forward: {exc}")
         # torch.optim's namespace does not expose the submodule itself: read it where torch put it.
         register = getattr(sys.modules.get("torch.optim.optimizer"), "register_optimizer_step_post_hook", None)
         if register is None:
@@ -131,9 +148,29 @@ def grad_scales(scalers: list[Any]) -> list[float]:
     return out
 
 
+def ddp_models(torch: Any, models: list[Any]) -> list[tuple[int, int, int | None]]:
+    """(model index, id, world size or None) of the root models that are DistributedDataParallel
+    wrappers (a torch.compile'd wrapper is not one: its root is the compiled module)."""
+    ddp = getattr(sys.modules.get(DDP_FORWARD["module"]), "DistributedDataParallel", None)
+    if not isinstance(ddp, type):
+        return []
+    out = []
+    for index, module in enumerate(models):
+        if not issubclass(type(module), ddp):
+            continue
+        try:
+            world: int | None = int(module.process_group.size())
+        except Exception:  # a process group already destroyed, or none
+            world = None
+        out.append((index, id(module), world))
+    return out
+
+
 def watch_summary(watch: OptimWatch | None, optimizers: list[dict[str, Any]],
-                  model_ids: list[set[int]]) -> dict[str, Any]:
-    """Counts per optimizer and per model (module.zero_grad on the root or any submodule)."""
+                  model_ids: list[set[int]],
+                  ddp: list[tuple[int, int, int | None]] | None = None) -> dict[str, Any]:
+    """Counts per optimizer and per model (module.zero_grad on the root or any submodule), and
+    the forward calls of each DistributedDataParallel model."""
     if watch is None:
         for o in optimizers:
             o.pop("id", None)
@@ -145,5 +182,10 @@ def watch_summary(watch: OptimWatch | None, optimizers: list[dict[str, Any]],
             o["zero_grad_calls"] = watch.zero_grads.get(key, 0) if key is not None else 0
         per_model = [sum(n for mid, n in watch.module_zero_grads.items() if mid in ids) for ids in model_ids]
         backwards = watch.backwards
-    return {"observed": True, "hooks": list(watch.installed), "errors": list(watch.errors),
-            "module_zero_grad_calls": per_model, "backward_calls": backwards}
+        wrappers = [{"model": index, "forward_calls": watch.ddp_forwards.get(key, 0), "world_size": world}
+                    for index, key, world in ddp or []] if watch.ddp_observed else []
+    out = {"observed": True, "hooks": list(watch.installed), "errors": list(watch.errors),
+           "module_zero_grad_calls": per_model, "backward_calls": backwards}
+    if wrappers:
+        out["ddp"] = wrappers
+    return out

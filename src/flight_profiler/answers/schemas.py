@@ -174,7 +174,9 @@ GRADS = Rule(Obj(optional={
         "lr": ANY, "model": INT, "models": ListOf(INT), "steps": INT, "zero_grad_calls": INT})),
     "zeroing": Obj(optional={"observed": BOOL, "module_zero_grad_calls": ListOf(INT),
                              "backward_calls": INT, "backward_after_calls": BOOL,
-                             "waited_for_backward_s": NUM}),
+                             "waited_for_backward_s": NUM,
+                             "ddp": ListOf(Obj(required={"model": INT, "forward_calls": INT},
+                                               optional={"world_size": Opt(INT)}))}),
 }), _measurements_cover_models)
 
 _FIRST_NAN = Obj(required={"op": TEXT, "phase": TEXT, "call": INT, "nan": INT, "inf": INT,

@@ -48,15 +48,17 @@ class Program:
     methods: dict[str, tuple[str, ...]] = field(default_factory=dict)
     nproc: int = 0                         # > 0: started by torchrun with this many ranks
     script_name: str = ""                  # another program's script (run with ``args``)
+    spawn: bool = False                    # with nproc: ranks started by the script itself
+                                           # (torch.multiprocessing.spawn), not by torchrun
 
     @property
     def distributed(self) -> bool:
         return self.nproc > 0
 
     def targets(self) -> dict[str, tuple[str, ...]]:
-        """How users point diagnose at it; a distributed job also as a whole (--all-ranks)."""
+        """How users point diagnose at it; a torchrun job also as a whole (--all-ranks)."""
         out = {"forward": self.forward, "step": self.step, "none": ()}
-        if self.distributed:
+        if self.distributed and not self.spawn:
             out["all-ranks"] = ()
         return out
 
@@ -190,6 +192,16 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
               "the critic stepped every batch and the generator every 5th (two Adams), "
               "fake images not detached for the critic, num_workers=0"),
     Program(
+        "ddp_spawn", r"\[rank 0\] \[1,   100\]",
+        forward=("__main__", "ToyModel", "forward"), step=("torch.optim.sgd", "SGD", "step"),
+        mistake=Expected(("grad-health",), holder="ddp_model", fix=("ddp_model(inputs)",),
+                         why="the loop calls the module DDP wraps (`model(inputs)`): no backward "
+                             "all-reduces, each rank trains its own copy"),
+        nproc=2, spawn=True,
+        notes="the PyTorch DDP tutorial's ToyModel, demo_basic(rank, world_size) started by "
+              "torch.multiprocessing.spawn (no torchrun, no RANK in the environment); gloo; "
+              "diagnosed on rank 0's pid, the first spawned child"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),
@@ -284,6 +296,7 @@ _DDP_EPOCH = re.compile(r"Epoch \d+: .*\(time ([\d.]+)s, data ([\d.]+)s\)")
 _DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 _MNIST_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ \([^)]*\)\]\tLoss: [\d.e+-]+\tData ([\d.]+)%")
 _VAE_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ .*\tData ([\d.]+)\tTime ([\d.]+)")
+_SPAWN_LINE = re.compile(r"\[rank 0\] \[\d+, +\d+\] loss: [\d.]+\tData ([\d.]+)\tTime ([\d.]+)")
 _WGAN_LINE = re.compile(r"\[Epoch \d+/\d+\] \[Batch \d+/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 
 
@@ -292,7 +305,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
     attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
     cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations; ddp_trainer:
     rank 0's last epoch, its training and validation loaders' waits over the epoch; mnist: its
-    Data % over the last logged intervals; wgan_gp: seconds per 50 batches)."""
+    Data % over the last logged intervals; wgan_gp, ddp_spawn: seconds per 50 batches)."""
     if name == "amp_classifier":
         rows = [(int(e), int(i) + 1, float(t), float(d)) for e, i, t, d in _AMP_LINE.findall(log)]
         if len(rows) < 2 or rows[-1][0] != rows[-2][0]:
@@ -312,9 +325,11 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         if len(shares) < STEADY_INTERVALS:
             return None
         return round(sum(shares[-STEADY_INTERVALS:]) / STEADY_INTERVALS, 2)
-    if name == "wgan_gp":
-        # 50 batches a line; the first line's interval is the first batch alone (Time 0)
-        rows = [(float(d), float(t)) for d, t in _WGAN_LINE.findall(log)][1:]
+    if name in ("wgan_gp", "ddp_spawn"):
+        # wgan_gp: 50 batches a line, the first line's interval the first batch alone (Time 0);
+        # ddp_spawn: rank 0's 50 batches a line, the first holding the process group's start
+        pattern = _WGAN_LINE if name == "wgan_gp" else _SPAWN_LINE
+        rows = [(float(d), float(t)) for d, t in pattern.findall(log)][1:]
         if len(rows) < STEADY_INTERVALS:
             return None
         last = rows[-STEADY_INTERVALS:]
@@ -336,7 +351,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
 def steady_dataloader_share(name: str, log: Path, timeout: float = 20.0) -> float | None:
     """own_dataloader_share once the program has logged a steady interval (None for programs
     without meters, or none logged within ``timeout``)."""
-    if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae", "mnist", "wgan_gp"):
+    if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae", "mnist", "wgan_gp", "ddp_spawn"):
         return None
     deadline = time.monotonic() + timeout
     while True:
@@ -351,7 +366,7 @@ def start(program: Program, mistake: bool, python: str = sys.executable,
     """Start ``program`` and return once it has logged ``program.ready``; a distributed one is
     started by torchrun in a session of its own (stop() ends launcher and ranks together)."""
     launcher = ([python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                 str(program.nproc)] if program.distributed else [python])
+                 str(program.nproc)] if program.distributed and not program.spawn else [python])
     cmd = [*launcher, str(program.script), "--seconds", str(seconds), *program.args]
     if mistake:
         cmd.append("--mistake")
@@ -366,7 +381,7 @@ def start(program: Program, mistake: bool, python: str = sys.executable,
         if proc.poll() is not None:
             raise RuntimeError(f"{program.name} exited: {log.read_text(errors='replace')[-2000:]}")
         if re.search(program.ready, log.read_text(errors="replace")) and (
-                not program.distributed or len(rank_pids(proc.pid)) == program.nproc):
+                not program.distributed or len(ranks_of(program, proc.pid)) == program.nproc):
             return proc
         time.sleep(0.05)
     stop(proc)
@@ -391,9 +406,32 @@ def rank_pids(launcher: int) -> dict[int, int]:
     return ranks
 
 
+def spawned_pids(parent: int) -> dict[int, int]:
+    """{rank: pid} of the ranks torch.multiprocessing.spawn started from ``parent``: its
+    children running ``spawn_main``, in the order they were started (their pids), which is the
+    order of their ranks (the resource tracker is another child, left out)."""
+    try:
+        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    except OSError:
+        return {}
+    spawned = []
+    for child in children:
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            spawned.append(int(child))
+    return dict(enumerate(sorted(spawned)))
+
+
+def ranks_of(program: Program, launcher: int) -> dict[int, int]:
+    return spawned_pids(launcher) if program.spawn else rank_pids(launcher)
+
+
 def target_pid(program: Program, proc: subprocess.Popen[bytes]) -> int:
     """The pid a user diagnoses: the program's, or rank 0's of a distributed one."""
-    return rank_pids(proc.pid)[0] if program.distributed else proc.pid
+    return ranks_of(program, proc.pid)[0] if program.distributed else proc.pid
 
 
 def alive(program: Program, proc: subprocess.Popen[bytes]) -> bool:
@@ -402,7 +440,7 @@ def alive(program: Program, proc: subprocess.Popen[bytes]) -> bool:
         return False
     if not program.distributed:
         return True
-    ranks = rank_pids(proc.pid)
+    ranks = ranks_of(program, proc.pid)
     return len(ranks) == program.nproc and all(_running(pid) for pid in ranks.values())
 
 

@@ -3,7 +3,9 @@ tutorial "Getting Started with Distributed Data Parallel" writes it: `setup(rank
 sets MASTER_ADDR/MASTER_PORT and calls `init_process_group("gloo", rank=rank, ...)` (no torchrun,
 no RANK in the environment), a `ToyModel`, `demo_basic(rank, world_size)` holding the model, the
 DDP wrapper and the optimizer in its locals, a DistributedSampler over a TensorDataset, and a
-loss printed every `log_interval` batches. Sized for a CPU.
+loss printed every `log_interval` batches, with the seconds spent waiting for the DataLoader and
+those of all batches since the last line (the ImageNet example's Data/Time meters: the loader's
+share measured with no tool attached). Sized for a CPU.
 
     python ddp_spawn.py [--seconds S] [--world_size N] [--mistake]
 
@@ -74,7 +76,10 @@ def demo_basic(rank, world_size, args):
     while True:
         sampler.set_epoch(epoch)
         running_loss = 0.0
+        data_time = batch_time = 0.0  # since the last log line, as the ImageNet example's meters
+        end = time.time()
         for i, (inputs, labels) in enumerate(loader):
+            data_time += time.time() - end
             optimizer.zero_grad()
             if args.mistake:
                 outputs = model(inputs)
@@ -85,10 +90,14 @@ def demo_basic(rank, world_size, args):
             optimizer.step()
 
             running_loss += loss.item()
+            batch_time += time.time() - end
+            end = time.time()
             if i % args.log_interval == args.log_interval - 1:
                 print(f"[rank {rank}] [{epoch + 1}, {i + 1:5d}] loss: "
-                      f"{running_loss / args.log_interval:.3f}", flush=True)
+                      f"{running_loss / args.log_interval:.3f}\tData {data_time:.3f}\tTime {batch_time:.3f}",
+                      flush=True)
                 running_loss = 0.0
+                data_time = batch_time = 0.0
         epoch += 1
         # every rank stops at the same epoch: the first one out of time tells the others
         out_of_time = torch.tensor([float(time.time() > deadline)])

@@ -57,6 +57,7 @@ class _Run:
         self.optimizers: list[dict[str, Any]] = []
         self.scalers: list[Any] = []
         self.model_ids: list[set[int]] = []
+        self.ddp: list[tuple[int, int, int | None]] = []
         self.measurements: list[dict[str, Any]] = []
         self.call_cost: graph_cost.CallGraphCost | None = None
         self.with_graph_cost = True
@@ -136,6 +137,7 @@ class _Run:
                 owner.update((id(p), index) for _, p in params)
                 self.model_ids.append({id(m) for m in module.modules()})
             self.optimizers = optim_watch.find_optimizers(torch, owner, self.model_ids)
+            self.ddp = optim_watch.ddp_models(torch, [module for module, _ in self.models])
             self.scalers = optim_watch.find_grad_scalers(torch)
         self.measurements.append({
             "time": time.time(), "call": call,
@@ -199,7 +201,7 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
         "mode": "method" if spec else "snapshot", "target": info.get("target"),
         "models": run.described, "measurements": run.measurements,
         "optimizers": run.optimizers,
-        "zeroing": {**optim_watch.watch_summary(watch, run.optimizers, run.model_ids), **after},
+        "zeroing": {**optim_watch.watch_summary(watch, run.optimizers, run.model_ids, run.ddp), **after},
     }
     size = write_json(path, doc)
     return {**file_result(path, size), **doc,

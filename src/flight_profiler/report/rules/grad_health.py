@@ -106,6 +106,59 @@ def findings_for(doc: dict[str, Any], name: str) -> list[Finding]:
             found = [f for f in found if f.metrics.get("pattern") == "non-finite"]
         out.extend(unstepped + found)
         out.extend(_unread(doc, name, index, model))
+        out.extend(_ddp_bypassed(doc, name, index, model))
+    return out
+
+
+def _ddp_bypassed(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
+    """A DistributedDataParallel model whose forward was never called while its optimizer
+    stepped and backward passes ran: the loop calls the module DDP wraps (`model(x)` kept from
+    before the wrapping, or `ddp_model.module(x)`), so no backward all-reduces the gradients and
+    each rank trains its own copy; the replicas drift apart while every loss looks fine (the
+    DDP tutorial's `ToyModel` trained that way, issue 18). A one-rank group loses nothing."""
+    z = doc.get("zeroing") or {}
+    out: list[Finding] = []
+    for d in z.get("ddp") or []:
+        if not isinstance(d, dict) or d.get("model") != index or int(d.get("forward_calls") or 0):
+            continue
+        world = d.get("world_size")
+        if isinstance(world, int) and world < 2:
+            continue
+        opts = [o for o in doc.get("optimizers") or [] if index in (o.get("models") or [o.get("model")])]
+        steps = sum(int(o.get("steps") or 0) for o in opts)
+        backwards = int(z.get("backward_calls") or 0)
+        if steps < 2 or backwards < 2:
+            continue
+        short = variable(model["name"])
+        ranks = f"{world} ranks" if isinstance(world, int) else "its ranks"
+        out.append(Finding(
+            rule="grad-health", severity="critical",
+            title=f"{model['name']} is a DistributedDataParallel model that the loop never calls: "
+                  "gradients are not synchronized",
+            summary=(f"While measured, {', '.join(o['class'].rsplit('.', 1)[-1] for o in opts)} stepped "
+                     f"{steps} times and {backwards} backward passes ran, but "
+                     f"DistributedDataParallel.forward of {model['name']} was called 0 times: the "
+                     f"loop runs the module it wraps, so no backward all-reduces the gradients and "
+                     f"each of {ranks} trains its own copy."),
+            evidence=[f"DistributedDataParallel.forward calls of {model['name']} while measured: 0",
+                      f"optimizer steps on its parameters: {steps}; backward passes: {backwards}",
+                      *([f"process group: {world} ranks"] if isinstance(world, int) else [])],
+            where=[f"{model['name']} ({model['class']}, {model['numel']:,} parameters)",
+                   *([f"measured after each call of {doc['target']}"] if doc.get("target") else [])],
+            root_cause=("DDP synchronizes gradients only for the forward passes that go through the "
+                        "wrapper (it prepares its reducer there, and the reducer's hooks all-reduce "
+                        "in the backward). Calling the wrapped module directly (the `model` kept from "
+                        "before `DDP(model)`, or `ddp_model.module(x)`) trains each rank's replica on "
+                        "its own shard: the replicas drift apart and the result is not data-parallel "
+                        "training, with no error and plausible losses."),
+            fix=[f"Call the wrapper in the training loop: `outputs = {short}(inputs)`, not the module "
+                 "it wraps; use `.module` only to save or load weights "
+                 f"(`{short}.module.state_dict()`).",
+                 "To skip synchronization on purpose during gradient accumulation, call the "
+                 f"wrapper inside `with {short}.no_sync():`."],
+            inputs=[name],
+            metrics={"pattern": "ddp-bypassed", "model": model["name"], "steps": steps,
+                     "backward_calls": backwards, "world_size": world}))
     return out
 
 
