@@ -361,6 +361,58 @@ def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOp
     assert any(ln.startswith("torch profile --duration 0.1 --steps 10 -f ") for ln in driver.lines)
 
 
+def _window(steps: dict[str, int], classes: dict[str, str]) -> Handler:
+    def profile(words: list[str], on_event: Any) -> dict[str, Any]:
+        shutil.copy(TRACES / "cpu_only_tiny.json.gz", words[words.index("-f") + 1])
+        return {"mode": "window", "duration_s": 1.5, "optimizer_steps": steps,
+                "optimizer_classes": classes}
+    return profile
+
+
+def test_no_method_measures_gradients_after_the_step_the_window_found(options: DiagnoseOptions) -> None:
+    # a GAN's two optimizers: the one that stepped least is the step (the generator's)
+    options.target = None
+    driver = FakeDriver(overrides={"torch profile": _window(
+        {"#0 Adam": 12, "#1 AdamW": 6}, {"#0 Adam": "torch.optim.adam.Adam",
+                                         "#1 AdamW": "torch.optim.adamw.AdamW"})})
+    result = run_diagnosis(driver, options)
+    [grads] = [ln for ln in driver.lines if ln.startswith("torch grads")]
+    assert grads.startswith("torch grads torch.optim.adamw AdamW step -n 3 "), grads
+    assert "AdamW.step (6 steps in 1.5s)" in result.phase("profile").data["step"]
+
+
+@pytest.mark.parametrize("steps,classes", [
+    ({}, {}),                                                      # no optimizer (a hand-written update)
+    ({"#0 LBFGS": 1}, {"#0 LBFGS": "torch.optim.lbfgs.LBFGS"}),     # one step in the window: too slow
+    ({"#0 Opt": 9}, {"#0 Opt": "train.<locals>.Opt"}),             # a class no command can name
+])
+def test_no_method_without_a_usable_step_measures_at_safe_points(options: DiagnoseOptions, steps: Any,
+                                                                 classes: Any) -> None:
+    options.target = None
+    driver = FakeDriver(overrides={"torch profile": _window(steps, classes)})
+    run_diagnosis(driver, options)
+    [grads] = [ln for ln in driver.lines if ln.startswith("torch grads")]
+    assert grads.startswith("torch grads -n 3 -i 1"), grads
+
+
+def test_a_window_step_that_is_not_called_falls_back_to_safe_points(options: DiagnoseOptions) -> None:
+    options.target = None
+    fallback = FakeDriver()
+
+    def grads(words: list[str], on_event: Any) -> dict[str, Any]:
+        if "step" in words:
+            raise RemoteCommandError("no call of torch.optim.sgd.SGD.step within 3 s", "")
+        return fallback.run(parse(shlex.join(words)), on_event)
+
+    driver = FakeDriver(overrides={"torch profile": _window({"#0 SGD": 8}, {"#0 SGD": "torch.optim.sgd.SGD"}),
+                                   "torch grads": grads})
+    result = run_diagnosis(driver, options)
+    phase = result.phase("grads")
+    assert phase.status == "ok" and "measured at safe points instead" in phase.data["window_step"]
+    assert [ln.split(" -f ")[0] for ln in driver.lines if ln.startswith("torch grads")] == [
+        "torch grads torch.optim.sgd SGD step -n 3", "torch grads -n 3 -i 1"]
+
+
 def test_progress_names_the_phase_and_counts_the_calls(options: DiagnoseOptions) -> None:
     progress = Recorder()
     run_diagnosis(FakeDriver(), options, progress)

@@ -99,6 +99,7 @@ class StepMarks:
         self.finished = 0
         self._optimizers: dict[int, int] = {}  # id(optimizer) -> its number
         self._classes: list[str] = []
+        self._paths: list[str] = []  # each optimizer's class as module.qualname
         self.steps: list[int] = []  # steps per optimizer number
         self.backwards = 0
         self.closure_backwards = 0  # of them, those run inside an optimizer's step()
@@ -156,6 +157,7 @@ class StepMarks:
                 if number is None:
                     number = self._optimizers[id(optimizer)] = len(self._classes)
                     self._classes.append(type(optimizer).__name__)
+                    self._paths.append(f"{type(optimizer).__module__}.{type(optimizer).__qualname__}")
                     self.steps.append(0)
                 self.steps[number] += 1
             with self._record(f"{OPTIMIZER_MARK}{number} {self._classes[number]}"):
@@ -167,6 +169,12 @@ class StepMarks:
     def optimizer_steps(self) -> dict[str, int]:
         with self._lock:
             return {f"#{k} {cls}": n for k, (cls, n) in enumerate(zip(self._classes, self.steps))}
+
+    def optimizer_classes(self) -> dict[str, str]:
+        """Each optimizer's mark (as in optimizer_steps) -> its class as module.qualname: what a
+        later request names as the step (`torch grads torch.optim.adam Adam step`)."""
+        with self._lock:
+            return {f"#{k} {cls}": path for k, (cls, path) in enumerate(zip(self._classes, self._paths))}
 
     def fewest_steps(self) -> int | None:
         """Steps of the optimizer that stepped least (None: no optimizer stepped)."""

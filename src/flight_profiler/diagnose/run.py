@@ -64,6 +64,10 @@ class Run:
     census_before_at: float = 0.0
     watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
     first_call_ms: float | None = None  # the cost of the call the locate phase saw
+    # Without a method: the optimizer's step the profile window found (`module class step`, the
+    # optimizer that stepped least: a GAN's generator, accumulation's real step), and its rate.
+    window_step: list[str] | None = None
+    window_steps_per_s: float | None = None
     artefacts: list[str] = field(default_factory=list)  # written by the phases so far
     preloader: Preloader = field(default_factory=Preloader)  # the report's inputs, ahead of it
 

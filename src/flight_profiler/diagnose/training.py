@@ -2,7 +2,8 @@
 
 With a method that is being called: gradients measured right after its next calls (at least
 3, so that growth shows), with optimizer step()/zero_grad() counted meanwhile; without one,
-3 measurements 1 s apart at the main thread's safe point. When a model has non-finite values
+right after the next calls of the optimizer step the profile window found (workflow
+._window_step), else 3 measurements 1 s apart at the main thread's safe point. When a model has non-finite values
 and a method is known, one call runs under `torch anomaly` to name the op and the line that made
 the first NaN (one call: anomaly mode is costly and process-wide). A target with no trainable
 model skips the phase. The grads file joins the report's inputs (rule grad-health).
@@ -36,9 +37,10 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
             assert o.target is not None
             request = torch_requests.grads(run.words(), calls=calls, file=path, timeout=o.timeout)
             result = run.command(phase, request, expect_calls=calls)
+        elif run.window_step is not None:
+            result = _after_window_steps(run, phase, path)
         else:
-            request = torch_requests.grads(calls=GRAD_CALLS_MIN, interval=1.0, file=path)
-            result = run.command(phase, request, timeout=GRAD_CALLS_MIN + o.timeout)
+            result = _snapshots(run, phase, path)
     except FlightProfilerError as exc:
         if "no model with trainable parameters" in exc.message:
             raise Skip("no model with trainable parameters in the target") from None
@@ -50,6 +52,37 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
         first = (phase.data.get("anomaly") or {}).get("first")
         if first:
             _attach_anomaly(path, first)
+
+
+def _snapshots(run: Run, phase: PhaseResult, path: str) -> dict[str, Any]:
+    request = torch_requests.grads(calls=GRAD_CALLS_MIN, interval=1.0, file=path)
+    return run.command(phase, request, timeout=GRAD_CALLS_MIN + run.options.timeout)
+
+
+# How long the window step's calls are waited for, in its own periods (the window's rate), and
+# at least: a step that slowed down or stopped (an epoch's validation) falls back to snapshots.
+STEP_WAIT_PERIODS = 10.0
+STEP_WAIT_MIN_S = 3.0
+
+
+def _after_window_steps(run: Run, phase: PhaseResult, path: str) -> dict[str, Any]:
+    assert run.window_step is not None
+    rate = run.window_steps_per_s or 1.0
+    wait = min(run.options.timeout, max(STEP_WAIT_MIN_S, STEP_WAIT_PERIODS * GRAD_CALLS_MIN / rate))
+    request = torch_requests.grads(run.window_step, calls=GRAD_CALLS_MIN, file=path, timeout=wait)
+    try:
+        result = run.command(phase, request)
+    except FlightProfilerError as exc:
+        if "no model with trainable parameters" in exc.message:
+            raise
+        phase.data["window_step"] = f"{' '.join(run.window_step)}: {exc.message}; measured at safe points instead"
+        return _snapshots(run, phase, path)
+    if int(result.get("calls_recorded") or len(result.get("measurements") or [])) < 2:
+        phase.data["window_step"] = (f"{' '.join(run.window_step)}: fewer than 2 calls within "
+                                     f"{wait:g}s; measured at safe points instead")
+        return _snapshots(run, phase, path)
+    phase.data["window_step"] = f"measured after the calls of {' '.join(run.window_step)}"
+    return result
 
 
 def _model_line(result: dict[str, Any], index: int) -> dict[str, Any]:

@@ -240,10 +240,39 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         run.progress.waiting(f"profiling a {o.duration:g}s window")
         request = torch_requests.profile(duration=o.duration, file=path, profile_memory=True,
                                          with_stack=True, steps=WINDOW_STEPS, row_limit=0)
-        run.command(phase, request, timeout=o.duration + o.timeout + EXPORT_S)
+        result = run.command(phase, request, timeout=o.duration + o.timeout + EXPORT_S)
         why = "no method given" if o.target is None else f"{o.target.label} was not called"
         phase.data["mode"] = f"{o.duration:g}s window ({why})"
+        _window_step(run, phase, result)
     expect_file(phase, path)
+
+
+# Optimizer steps a window must have seen for its optimizer to stand for the step afterwards.
+WINDOW_STEP_MIN = 3
+
+
+def _window_step(run: Run, phase: PhaseResult, result: dict[str, Any]) -> None:
+    """Without a method, the optimizer whose steps the window saw (the one that stepped least,
+    at least WINDOW_STEP_MIN times) stands for the step in the gradient phase: measured right
+    after its calls, what the loop carries from step to step is checked as if the user had named
+    it. Without it, 3 measurements 1 s apart at safe points could not see a running sum of
+    losses restarted each epoch (the yunjey-style language model: `total_loss += loss`, an
+    epoch every ~2 s, censuses 3 s apart: each held a new chain)."""
+    steps = result.get("optimizer_steps") or {}
+    classes = result.get("optimizer_classes") or {}
+    seen = [(int(n), classes[k]) for k, n in steps.items()
+            if isinstance(n, int) and isinstance(classes.get(k), str)]
+    if not seen:
+        return
+    count, path = min(seen)
+    module, _, name = path.rpartition(".")
+    duration = float(result.get("duration_s") or 0.0)
+    nameable = bool(module) and all(part.isidentifier() for part in (*module.split("."), name))
+    if count < WINDOW_STEP_MIN or not nameable or duration <= 0:
+        return
+    run.window_step = [module, name, "step"]
+    run.window_steps_per_s = count / duration
+    phase.data["step"] = f"{name}.step ({count} steps in {duration:g}s)"
 
 
 def phase_record(run: Run, phase: PhaseResult) -> None:

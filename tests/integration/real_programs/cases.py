@@ -192,6 +192,24 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
               "the critic stepped every batch and the generator every 5th (two Adams), "
               "fake images not detached for the critic, num_workers=0"),
     Program(
+        "language_model", r"Epoch \[1/1000\], Step\[30/",
+        forward=("__main__", "RNNLM", "forward"), step=("torch.optim.adam", "Adam", "step"),
+        mistake=Expected(("graph-chain", "graph-retention", "memory-leak"), holder="total_loss",
+                         fix=(".item()",), also=("memory-leak", "graph-retention", "graph-chain"),
+                         why="total_loss += loss: the epoch's sum for the perplexity print chains "
+                             "every step's graph"),
+        notes="yunjey/pytorch-tutorial's language model: module-level loop, nn.LSTM(batch_first), "
+              "states = detach(states), Adam, clip_grad_norm_; an epoch every ~2 s"),
+    Program(
+        "lbfgs_regression", r"epoch +10 ",
+        forward=("__main__", "MLP", "forward"), step=("torch.optim.lbfgs", "LBFGS", "step"),
+        mistake=Expected(("graph-retention", "memory-leak"), holder="history", fix=(".item()",),
+                         also=("memory-leak", "graph-retention"),
+                         why="history.append(optimizer.step(closure)): the returned loss keeps "
+                             "its graph"),
+        notes="full-batch LBFGS (strong Wolfe) as forum answers write it: train() holds the "
+              "loop, the closure is a local function, the loss step() returns is logged"),
+    Program(
         "ddp_spawn", r"\[rank 0\] \[1,   100\]",
         forward=("__main__", "ToyModel", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("grad-health",), holder="ddp_model", fix=("ddp_model(inputs)",),

@@ -241,7 +241,8 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
             torch.cuda.synchronize()
         stop_profiler(prof)
     info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3), "all_threads": all_threads,
-                            "cancelled": cancelled, "optimizer_steps": marks.optimizer_steps()}
+                            "cancelled": cancelled, "optimizer_steps": marks.optimizer_steps(),
+                            "optimizer_classes": marks.optimizer_classes()}
     if ended_by_steps:
         info["ended_by_steps"] = steps
     if not all_threads:
