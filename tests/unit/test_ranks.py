@@ -9,6 +9,7 @@ from flight_profiler.attach.ranks import (
     from_environ,
     group_jobs,
     is_launcher,
+    is_spawned,
     job_of,
     select_ranks,
 )
@@ -139,3 +140,49 @@ def test_identity_names_the_job_and_the_node() -> None:
         == {"run_id": "job1", "master": "127.0.0.1:29400", "slurm_job_id": "77", "world_size": 4,
             "node_rank": 1}
     assert ident["hostname"]
+
+
+SPAWNED = ["/venv/bin/python", "-c", "from multiprocessing.spawn import spawn_main; "
+           "spawn_main(tracker_fd=4, pipe_handle=9)", "--multiprocessing-fork"]
+
+
+def _spawned(pid: int, ppid: int, ports: list[int], torch: bool = True) -> ProcInfo:
+    return ProcInfo(pid=pid, ppid=ppid, user="u", cmdline=list(SPAWNED), python="3.11",
+                    torch=torch, spawned=is_spawned(SPAWNED), tcp_ports=ports)
+
+
+def test_ranks_started_by_torch_multiprocessing_spawn_are_a_job() -> None:
+    # the DDP tutorial: `mp.spawn(demo_basic, nprocs=2)`: no RANK anywhere; both ranks use the
+    # store's port (rank 0 listens on it, both connect); the resource tracker is a child too
+    script = ProcInfo(100, 1, "u", ["python", "ddp_spawn.py"], "3.11", True)
+    tracker = ProcInfo(101, 100, "u", ["python", "-c", "from multiprocessing.resource_tracker import main;main(3)"],
+                       "3.11", False)
+    rank1, rank0 = _spawned(103, 100, [12355, 40001]), _spawned(102, 100, [12355, 40002])
+    worker = _spawned(200, 102, [])  # a DataLoader worker of rank 0 (spawn context)
+    procs = [script, tracker, rank1, rank0, worker]
+    [job] = group_jobs(procs)
+    assert job.key == "spawn:100" and job.launcher_pid == 100 and job.world_size == 2
+    assert [(r.rank, r.pid, r.rank_by) for r in job.ranks] == [(0, 102, "start order"), (1, 103, "start order")]
+    assert [w.pid for w in job.workers] == [200]
+    for pid in (100, 102, 103):
+        assert [r.pid for r in job_of(pid, [_copy(p) for p in procs]).ranks] == [102, 103]
+
+
+def _copy(p: ProcInfo) -> ProcInfo:
+    return ProcInfo(**{**p.to_dict(), "tcp_ports": list(p.tcp_ports)})
+
+
+def test_spawned_processes_that_share_no_port_are_no_job() -> None:
+    # a DataLoader's spawned workers, or a Pool's: no process group between them
+    script = ProcInfo(100, 1, "u", ["python", "train.py"], "3.11", True)
+    procs = [script, _spawned(102, 100, []), _spawned(103, 100, [443])]
+    assert group_jobs(procs) == []
+    with pytest.raises(UsageError, match="neither a rank"):
+        job_of(100, procs)
+
+
+def test_grouping_spawned_ranks_twice_gives_the_same_job() -> None:
+    script = ProcInfo(100, 1, "u", ["python", "ddp_spawn.py"], "3.11", True)
+    procs = [script, _spawned(102, 100, [12355]), _spawned(103, 100, [12355])]
+    first = [j.to_dict() for j in group_jobs(procs)]
+    assert [j.to_dict() for j in group_jobs(procs)] == first and first[0]["key"] == "spawn:100"

@@ -6,6 +6,12 @@ WORLD_SIZE, TORCHELASTIC_RUN_ID and MASTER_ADDR/PORT. Ranks are grouped into a j
 (run id, master address, master port), so that ranks started by other launchers (SLURM srun,
 mpirun, a hand-made script) are grouped as well.
 
+A job started by ``torch.multiprocessing.spawn`` (the PyTorch DDP tutorial's way) has no RANK in
+any environment: its ranks are the script's children that run ``spawn_main`` and share a TCP
+port (the process group's store, or each other's gloo/NCCL sockets), which tells them from
+spawned DataLoader workers. spawn starts rank 0 first, then 1...: they are numbered in the order
+they started (their pids), and say so (``rank_by``).
+
 The pure functions (``group_jobs``, ``job_of``, ``select_ranks``) take plain records, so
 they are unit-tested without live processes.
 """
@@ -54,6 +60,9 @@ class ProcInfo:
     node_rank: int | None = None
     local_world_size: int | None = None
     slurm_job_id: str | None = None
+    spawned: bool = False  # started by multiprocessing's spawn (``spawn_main``)
+    tcp_ports: list[int] = field(default_factory=list)  # a spawned child's: remote and listening
+    rank_by: str = "environment"  # or "start order": a spawned rank, numbered by its pid
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,8 +137,9 @@ def is_launcher(cmdline: list[str]) -> bool:
 
 
 def job_key(info: ProcInfo) -> str | None:
-    """Ranks with the same key belong to one job; None for a process that is no rank."""
-    if info.rank is None:
+    """Ranks with the same key belong to one job; None for a process that is no rank (or a
+    spawned one: their job is their parent's, _spawn_jobs)."""
+    if info.rank is None or info.rank_by != "environment":
         return None
     if info.run_id is None and info.master is None:
         return f"launcher:{info.launcher_pid}" if info.launcher_pid else None
@@ -146,6 +156,40 @@ def mark_workers(procs: list[ProcInfo]) -> None:
                 and (parent.run_id, parent.master) == (p.run_id, p.master)):
             p.worker_of = parent.pid
             p.launcher_pid = parent.launcher_pid
+
+
+def is_spawned(cmdline: list[str]) -> bool:
+    """A child started by multiprocessing's spawn: ``python -c 'from multiprocessing.spawn
+    import spawn_main; spawn_main(...)' --multiprocessing-fork``."""
+    return any("spawn_main" in part for part in cmdline[:4]) and "--multiprocessing-fork" in cmdline
+
+
+def _spawn_jobs(procs: list[ProcInfo], taken: set[int]) -> list[Job]:
+    """Jobs of ranks started by torch.multiprocessing.spawn: per parent, its spawned children
+    (with torch) that all use one TCP port; numbered in the order they started. A spawned
+    child of such a rank (a DataLoader worker) is that rank's worker."""
+    by_parent: dict[int, list[ProcInfo]] = {}
+    for p in procs:
+        if (p.spawned and p.torch and (p.rank is None or p.rank_by == "start order")
+                and p.pid not in taken):
+            by_parent.setdefault(p.ppid, []).append(p)
+    jobs = []
+    for parent, kids in sorted(by_parent.items()):
+        shared = set.intersection(*(set(k.tcp_ports) for k in kids)) if len(kids) >= 2 else set()
+        if not shared:
+            continue
+        kids.sort(key=lambda k: k.pid)
+        for index, kid in enumerate(kids):
+            kid.rank = kid.local_rank = index
+            kid.world_size = len(kids)
+            kid.launcher_pid = parent
+            kid.rank_by = "start order"
+        ranks = {k.pid for k in kids}
+        workers = [p for p in procs if p.ppid in ranks and p.rank is None]
+        for w in workers:
+            w.worker_of = w.ppid
+        jobs.append(Job(f"spawn:{parent}", parent, len(kids), kids, workers))
+    return jobs
 
 
 def group_jobs(procs: list[ProcInfo]) -> list[Job]:
@@ -167,7 +211,9 @@ def group_jobs(procs: list[ProcInfo]) -> list[Job]:
             job.launcher_pid = p.launcher_pid
     for job in jobs.values():
         job.ranks.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.pid))
-    return sorted(jobs.values(), key=lambda j: (j.launcher_pid or 0, j.key))
+    taken = {p.pid for j in jobs.values() for p in (*j.ranks, *j.workers)}
+    spawned = _spawn_jobs(procs, taken)
+    return sorted([*jobs.values(), *spawned], key=lambda j: (j.launcher_pid or 0, j.key))
 
 
 def one_node(job: Job, launcher_pid: int | None) -> Job:
@@ -201,10 +247,10 @@ def job_of(pid: int, procs: list[ProcInfo]) -> Job:
     if not any(p.pid == pid for p in procs) and not os.path.exists(f"/proc/{pid}"):
         raise ProcessNotFound(f"no process {pid} that this user may inspect",
                               "check the pid with `flight_profiler ps`")
-    raise UsageError(f"process {pid} is neither a rank (no RANK in its environment) nor a "
-                     "torchrun launcher of ranks",
-                     "pass the pid of the torchrun launcher or of any rank "
-                     "(`flight_profiler ps` lists them by job)")
+    raise UsageError(f"process {pid} is neither a rank (no RANK in its environment, not a "
+                     "torch.multiprocessing.spawn rank) nor the launcher of ranks",
+                     "pass the pid of the torchrun launcher (or of the script that spawned the "
+                     "ranks) or of any rank (`flight_profiler ps` lists them by job)")
 
 
 def select_ranks(job: Job, wanted: set[int] | None) -> list[ProcInfo]:
@@ -234,15 +280,33 @@ def _python_and_torch(proc: Any) -> tuple[str | None, bool]:
     return (f"{version[0]}.{version[1]}" if version else None), "libtorch" in maps
 
 
+def _tcp_ports(proc: Any) -> list[int]:
+    """The ports of a process's TCP sockets: remote ports of its connections, local ports it
+    listens on (psutil >= 6 names the call net_connections)."""
+    read = getattr(proc, "net_connections", None) or getattr(proc, "connections", None)
+    ports: set[int] = set()
+    try:
+        for c in read(kind="tcp") if read is not None else []:
+            if c.raddr:
+                ports.add(int(c.raddr.port))
+            elif c.status == "LISTEN" and c.laddr:
+                ports.add(int(c.laddr.port))
+    except Exception:  # psutil.Error: a process that vanished or is not ours
+        return []
+    return sorted(ports)[:256]
+
+
 def scan(include_all: bool = False, ranks_only: bool = False) -> list[ProcInfo]:
     """Python processes this user may inspect (all users' with ``include_all``), launchers
-    and ranks included; the calling process left out. ``ranks_only``: just launchers and
-    processes with a RANK, without reading their memory maps (what --all-ranks needs)."""
+    and ranks included; the calling process left out. ``ranks_only``: just launchers,
+    processes with a RANK and spawned children (a torch.multiprocessing.spawn job's ranks,
+    and their parent), without reading the others' memory maps (what --all-ranks needs)."""
     import psutil  # type: ignore[import-untyped]
 
     me = os.getpid()
     uid = os.geteuid()
     out: list[ProcInfo] = []
+    spawners: list[ProcInfo] = []
     for proc in psutil.process_iter(["pid", "ppid", "username", "cmdline", "name", "uids"]):
         info = proc.info
         if info["pid"] == me or not info.get("cmdline"):
@@ -254,18 +318,23 @@ def scan(include_all: bool = False, ranks_only: bool = False) -> list[ProcInfo]:
                 or is_launcher(cmdline)):
             continue
         p = ProcInfo(pid=info["pid"], ppid=info["ppid"] or 0, user=info["username"] or "?",
-                     cmdline=cmdline, python=None, torch=False, launcher=is_launcher(cmdline))
+                     cmdline=cmdline, python=None, torch=False, launcher=is_launcher(cmdline),
+                     spawned=is_spawned(cmdline))
         # psutil.AccessDenied on another user's process: listed, without rank facts.
         with contextlib.suppress(Exception):
             from_environ(p, proc.environ())
-        if ranks_only:
-            if p.rank is None and not p.launcher:
-                continue
-        else:
+        if ranks_only and p.rank is None and not p.launcher and not p.spawned:
+            spawners.append(p)  # kept aside: the parent of spawned ranks names their job
+            continue
+        if not ranks_only or p.spawned:
             p.python, p.torch = _python_and_torch(proc)
             if p.python is None:
                 continue
+        if p.spawned and p.rank is None and p.torch:
+            p.tcp_ports = _tcp_ports(proc)
         out.append(p)
+    parents = {p.ppid for p in out if p.spawned}
+    out.extend(p for p in spawners if p.pid in parents)
     launchers = {p.pid for p in out if p.launcher}
     for p in out:
         if p.rank is not None and p.ppid in launchers:

@@ -56,9 +56,9 @@ class Program:
         return self.nproc > 0
 
     def targets(self) -> dict[str, tuple[str, ...]]:
-        """How users point diagnose at it; a torchrun job also as a whole (--all-ranks)."""
+        """How users point diagnose at it; a distributed job also as a whole (--all-ranks)."""
         out = {"forward": self.forward, "step": self.step, "none": ()}
-        if self.distributed and not self.spawn:
+        if self.distributed:
             out["all-ranks"] = ()
         return out
 
