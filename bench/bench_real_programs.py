@@ -113,6 +113,8 @@ def _one_run(program: cases.Program, variant: str, method: str, out: Path,
         ok, why = False, f"phases failed: {failed}; " + why
     if not alive:
         ok, why = False, "THE PROGRAM DIED: " + why
+    elif mistake and not ok and program.by_chance and why.startswith("missed"):
+        why += f" (seen by chance only: {program.by_chance})"
     step = doc.get("step") or doc.get("diagnose", {}).get("step") or "-"
     dl = doc.get("dataloader") or {}
     share = (f" DataLoader: {dl.get('timed_pct', '-')}% timed, "

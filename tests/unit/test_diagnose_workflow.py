@@ -379,6 +379,9 @@ def test_no_method_measures_gradients_after_the_step_the_window_found(options: D
     [grads] = [ln for ln in driver.lines if ln.startswith("torch grads")]
     assert grads.startswith("torch grads torch.optim.adamw AdamW step -n 3 "), grads
     assert "AdamW.step (6 steps in 1.5s)" in result.phase("profile").data["step"]
+    # the live look at the loop follows the models' forwards, as with the step named
+    [loop] = [ln for ln in driver.lines if ln.startswith("torch dataloader")]
+    assert loop.startswith("torch dataloader torch.optim.adamw AdamW step --sample "), loop
 
 
 @pytest.mark.parametrize("steps,classes", [

@@ -359,7 +359,9 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     sample = min(5.0, max(floor, 5 * period_s))
     # With a method, whether a backward reads the graphs its calls build meanwhile (an
     # evaluation pass once an epoch is a few seconds' look away, rarely in a profile's steps).
-    words = run.words() if follow else ()
+    # Without one, the optimizer step the profile window found stands for it: the models'
+    # forwards are followed (a step is not a module's method), as when a user names the step.
+    words = run.words() if follow else (run.window_step or ())
     result = run.command(phase, basic.dataloader(sample=sample, target=words), timeout=sample + 10)
     phase.data["loaders"] = result.get("loaders") or []
     phase.data["threads"] = result.get("threads") or []
