@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 from torch_agent_helpers import run_handler  # noqa: E402
 
-from flight_profiler.agent import dataloader_state  # noqa: E402
+from flight_profiler.agent import dataloader_state, registry  # noqa: E402
+from flight_profiler.agent.commands.torch_dataloader import _timer as handlers_timer  # noqa: E402
 
 
 class SlowDataset(torch.utils.data.Dataset):  # type: ignore[misc]
@@ -119,7 +120,7 @@ def test_next_timer_counts_whole_batch_periods_only() -> None:
     # GIVEN next() calls at 0, 1, 2, 3 s taking 0.25 s each, then one cut by the window's end
     timer = dataloader_state.NextTimer()
     for start in (0.0, 1.0, 2.0, 3.0):
-        timer.on_exit((start, 0.0), None, None, 250_000_000)
+        timer.on_exit((start, 0.0, 0.0), None, None, 250_000_000)
     [row] = timer.summary({})
     # THEN the share is over the 3 whole periods between the first and the last call's start
     assert row["batches"] == 3 and row["window_s"] == 3.0
@@ -131,7 +132,7 @@ def test_next_timer_takes_the_agents_other_hooks_out_of_the_loop() -> None:
     # 0.2 s of each 1 s period after the first: the loop itself would measure 0.25 / 0.8
     timer = dataloader_state.NextTimer()
     for k, start in enumerate((0.0, 1.0, 2.0, 3.0)):
-        timer.on_exit((start, 0.2 * k), None, None, 250_000_000)
+        timer.on_exit((start, 0.2 * k, 0.0), None, None, 250_000_000)
     [row] = timer.summary({})
     assert row["window_s"] == 2.4 and row["hooks_s"] == 0.6
     assert row["share"] == round(0.75 / 2.4, 4)
@@ -243,3 +244,31 @@ def test_torch_waiting_for_its_own_work_is_running_not_idle() -> None:
         held.release()
         for t in threads:
             t.join()
+
+
+def test_next_timer_takes_garbage_collections_out_of_the_loader_and_the_loop() -> None:
+    # GIVEN 0.25 s calls 1 s apart, the second holding a 0.5 s collection its allocations
+    # triggered (it took 0.75 s): the loader's time is 3 x 0.25 over a loop of 3 - 0.5 s
+    timer = dataloader_state.NextTimer()
+    for start in (0.0, 1.0, 2.0, 3.0):
+        token = timer.on_enter((), {})
+        token = (start, token[1], timer.gc_s)
+        if start == 1.0:
+            timer.on_gc("start", {"generation": 2})
+            timer._gc_started = (timer._gc_started or 0.0) - 0.5  # a collection of 0.5 s
+            timer.on_gc("stop", {"generation": 2})
+        timer.on_exit(token, None, None, 750_000_000 if start == 1.0 else 250_000_000)
+    [row] = timer.summary({})
+    assert round(row["gc_s"], 3) == 0.5 and round(row["window_s"], 3) == 2.5
+    assert row["next_s"] == 0.75 and row["share"] == round(0.75 / 2.5, 4)
+
+
+def test_the_gc_callback_is_removed_with_the_request() -> None:
+    import gc
+
+    before = list(gc.callbacks)
+    ctx = registry.Context({})
+    timer = handlers_timer(ctx)
+    assert timer is not None and timer.on_gc in gc.callbacks
+    ctx.remove_hooks()
+    assert gc.callbacks == before

@@ -311,29 +311,47 @@ class NextTimer:
     over the time between batches), without a profiler's overhead slowing the loop down: over
     whole periods only, from one thread's first observed next() to its last, so that a call cut
     by either end of the window never counts.
+
+    Garbage collections are taken out of both (``on_gc``, a gc callback): a collection stops
+    every thread wherever it is, and one triggered by a batch's allocations lands inside
+    ``next()``. The agent's own objects make collections longer (a Lightning loop's next()
+    read 26-29 % of the loop in 1 sample of 5 after a census or a profile, 10-11 % in the others,
+    and with no agent no next() call ever took 20 ms).
     """
 
     def __init__(self) -> None:
-        self._calls: dict[int, list[tuple[float, float, float]]] = {}
+        self._calls: dict[int, list[tuple[float, float, float, float, float]]] = {}
         self._lock = threading.Lock()
         self._n = 0
         # Seconds the agent's other hooks took so far (graph_use.GraphUse.overhead_s), read at
         # each next(): the loop they lengthen is measured without them.
         self.overhead: Callable[[], float] | None = None
+        self.gc_s = 0.0  # seconds of garbage collection since the timer was made
+        self._gc_started: float | None = None
 
-    def on_enter(self, args: Any, kwargs: Any) -> tuple[float, float]:
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        """A gc callback: collections run one at a time, with the GIL held."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            self.gc_s += time.perf_counter() - self._gc_started
+            self._gc_started = None
+
+    def on_enter(self, args: Any, kwargs: Any) -> tuple[float, float, float]:
         overhead = self.overhead
-        return (time.perf_counter(), overhead() if overhead is not None else 0.0)
+        return (time.perf_counter(), overhead() if overhead is not None else 0.0, self.gc_s)
 
     def on_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         if not isinstance(token, tuple):
             return
-        start, hooks_s = token
+        start, hooks_s, gc_s = token
+        gc_inside = self.gc_s - gc_s
         with self._lock:
             if self._n >= _MAX_TIMED:
                 return
             self._n += 1
-            self._calls.setdefault(threading.get_ident(), []).append((start, start + elapsed_ns / 1e9, hooks_s))
+            self._calls.setdefault(threading.get_ident(), []).append(
+                (start, start + elapsed_ns / 1e9, hooks_s, gc_s, gc_inside))
 
     def summary(self, names: dict[int, str]) -> list[dict[str, Any]]:
         """Per thread with >= 3 calls: calls, seconds in next() and the share of the loop (the
@@ -345,15 +363,18 @@ class NextTimer:
             if len(spans) < 3:
                 continue
             first, last = spans[0][0], spans[-1][0]
-            whole = [(s, e) for s, e, _ in spans if s < last]
-            inside = sum(e - s for s, e in whole)
+            whole = [(s, e, gc) for s, e, _, _, gc in spans if s < last]
+            inside = sum(max(0.0, e - s - gc) for s, e, gc in whole)
             hooks_s = max(0.0, spans[-1][2] - spans[0][2])
-            window = last - first - hooks_s
+            gc_s = max(0.0, spans[-1][3] - spans[0][3])
+            window = last - first - hooks_s - gc_s
             row = {"thread": names.get(ident, str(ident)), "batches": len(whole),
                    "next_s": round(inside, 4), "window_s": round(window, 4),
                    "share": round(inside / window, 4) if window > 0 else None}
             if hooks_s:
                 row["hooks_s"] = round(hooks_s, 4)
+            if gc_s:
+                row["gc_s"] = round(gc_s, 4)
             out.append(row)
         out.sort(key=lambda r: -int(r["batches"]))
         return out

@@ -11,6 +11,8 @@ calls built graphs that no backward read), so that an evaluation pass written wi
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from typing import Any
 
 from .. import dataloader_state, grad_stats, graph_cost, graph_use, hooks, targets
@@ -66,6 +68,13 @@ def _timer(ctx: Context) -> dataloader_state.NextTimer | None:
         return None
     timer = dataloader_state.NextTimer()
     ctx.add_hook("torch dataloader: timing next()", hooks.install(target, timer.on_enter, timer.on_exit))
+    gc.callbacks.append(timer.on_gc)
+
+    def remove() -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(timer.on_gc)
+
+    ctx.add_hook("torch dataloader: timing garbage collections", remove)
     return timer
 
 
