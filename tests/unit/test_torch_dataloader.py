@@ -272,3 +272,21 @@ def test_the_gc_callback_is_removed_with_the_request() -> None:
     assert timer is not None and timer.on_gc in gc.callbacks
     ctx.remove_hooks()
     assert gc.callbacks == before
+
+
+def test_a_forked_child_does_not_keep_the_timers_gc_callback() -> None:
+    import gc
+
+    timer = dataloader_state.NextTimer()
+    gc.callbacks.append(timer.on_gc)
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: a DataLoader worker forked while the timer ran
+            os.write(w, b"1" if timer.on_gc not in gc.callbacks else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(r, 1) == b"1"
+        assert timer.on_gc in gc.callbacks  # the parent's request removes its own
+    finally:
+        gc.callbacks.remove(timer.on_gc)

@@ -426,3 +426,15 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
     if timer is not None:
         result["next_timing"] = timer.summary({t.ident or 0: t.name for t in threading.enumerate()})
     return result
+
+
+def _forget_gc_callbacks_in_forked_child() -> None:
+    """A DataLoader worker forked while a timer runs inherits its gc callback, which no request
+    there will ever remove: the child gets its gc.callbacks back."""
+    with contextlib.suppress(Exception):  # never break the user's fork
+        gc.callbacks[:] = [cb for cb in gc.callbacks
+                           if type(getattr(cb, "__self__", None)) is not NextTimer]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_gc_callbacks_in_forked_child)
