@@ -186,7 +186,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
     out = options.out_dir
     expected = [
         "status",
-        "watch __main__ train_step --expr cost -n 1 --timeout 7",
+        "watch __main__ train_step --expr cost -n 1 --timeout 5",
         f"torch tensors __main__ train_step -f {out}/census-before.json --timeout 7",
         # inside the census window, where a fast loop's diagnosis waits anyway
         "torch memory",
@@ -280,7 +280,7 @@ def test_a_typo_in_the_method_stops_the_diagnosis_with_the_agent_error(options: 
     driver = FakeDriver(overrides={"watch": missing})
     with pytest.raises(RemoteCommandError, match="train_stp"):
         run_diagnosis(driver, options)
-    assert driver.lines == ["status", "watch __main__ train_step --expr cost -n 1 --timeout 7"]
+    assert driver.lines == ["status", "watch __main__ train_step --expr cost -n 1 --timeout 5"]
 
 
 def test_a_phase_that_times_out_does_not_stop_the_others(options: DiagnoseOptions) -> None:
@@ -713,3 +713,42 @@ def test_a_job_report_takes_each_ranks_timed_dataloader_share(options: DiagnoseO
             if f.rule == "dataloader-bottleneck"]
     assert f.ranks == [1] and "timed without the profiler" in f.evidence[0]
     assert any(line.startswith("in the profile: ") for line in f.evidence)
+
+
+def _uncalled(words: list[str], on_event: Any) -> dict[str, Any]:
+    on_event({"type": "watching"})
+    return {"reason": "timeout", "matched": 0, "target": "__main__.train_step"}
+
+
+def _backwards(n: int) -> Handler:
+    def watch(words: list[str], on_event: Any) -> dict[str, Any]:
+        return {"reason": "count" if n >= 3 else "timeout", "matched": n,
+                "target": "torch.autograd.backward"}
+    return watch
+
+
+def test_a_method_the_training_loop_never_calls_is_given_up_at_once(options: DiagnoseOptions) -> None:
+    # a LightningModule's forward: Lightning runs training_step; the loop trains meanwhile
+    options.timeout = 30.0
+    driver = FakeDriver(overrides={"watch __main__ train_step": _uncalled,
+                                   "watch torch.autograd backward": _backwards(3)})
+    result = run_diagnosis(driver, options)
+    locate = result.phase("locate")
+    assert locate.status == "skipped" and "3 backward passes" in locate.reason
+    watches = [ln for ln in driver.lines if ln.startswith("watch")]
+    assert watches[:2] == ["watch __main__ train_step --expr cost -n 1 --timeout 5",
+                           "watch torch.autograd backward -n 3 --timeout 2"]
+    assert not any(ln.startswith("watch __main__ train_step") for ln in watches[2:])
+    assert any(ln.startswith("torch profile --duration") for ln in driver.lines)  # a window instead
+
+
+def test_a_method_not_called_while_nothing_trains_is_waited_for_up_to_the_timeout(
+        options: DiagnoseOptions) -> None:
+    options.timeout = 30.0
+    driver = FakeDriver(overrides={"watch __main__ train_step": _uncalled,
+                                   "watch torch.autograd backward": _backwards(0)})
+    result = run_diagnosis(driver, options)
+    assert result.phase("locate").status == "skipped"
+    watches = [ln for ln in driver.lines if ln.startswith("watch __main__ train_step")]
+    assert watches[:2] == ["watch __main__ train_step --expr cost -n 1 --timeout 5",
+                           "watch __main__ train_step --expr cost -n 1 --timeout 25"]

@@ -61,6 +61,7 @@ class Run:
     torch_missing: str = "the target has not imported torch"
     cuda: bool | None = None
     method_called: bool | None = None  # None: no method given or not checked yet
+    not_called: str = ""  # why the method is taken as not called (the locate phase's words)
     census_before_at: float = 0.0
     watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
     first_call_ms: float | None = None  # the cost of the call the locate phase saw
@@ -129,8 +130,8 @@ class Run:
         if self.options.target is None:
             raise Skip("no method given (pass `module [class] method` to observe its calls)")
         if self.method_called is False:
-            raise Skip(f"{self.options.target.label} was not called within "
-                       f"{self.options.timeout:g}s")
+            raise Skip(self.not_called or f"{self.options.target.label} was not called within "
+                                          f"{self.options.timeout:g}s")
 
 
 def expect_file(phase: PhaseResult, path: str) -> None:

@@ -102,27 +102,78 @@ def phase_status(run: Run, phase: PhaseResult) -> None:
 
 
 def phase_locate(run: Run, phase: PhaseResult) -> None:
-    """One watched call: proves the method exists and is being called before the long phases."""
+    """One watched call: proves the method exists and is being called before the long phases.
+
+    A method the training loop never calls (a LightningModule's `forward`: Lightning runs
+    `training_step`; a `forward` named on the wrong class) used to cost the whole `--timeout`
+    (30 s of a 45 s diagnosis) to say so. So the first LOCATE_QUICK_S seconds are watched; if no
+    call came, the loop is asked whether it trains meanwhile (backward passes): when it does, the
+    method is not part of its step and the diagnosis goes on without it at once; when it does
+    not (an inference loop, a loop stopped between epochs), the rest of `--timeout` is waited."""
     run.require_method()
     target = run.options.target
     assert target is not None
     t = run.options.timeout
+    quick = min(t, LOCATE_QUICK_S)
     try:
-        result = run.command(phase, hooks.watch(run.words(), expr="cost", count=1, timeout=t),
+        result = run.command(phase, hooks.watch(run.words(), expr="cost", count=1, timeout=quick),
                              expect_calls=1)
+        if not _was_called(phase, result) and t > quick:
+            backwards = _backward_passes(run, phase)
+            if backwards >= LOCATE_TRAINING_BACKWARDS:
+                run.method_called = False
+                run.not_called = (f"{target.label} is not part of the training step (not called in "
+                                  f"{quick:g}s while the loop ran {backwards} backward passes)")
+                raise Skip(f"{target.label} was not called in {quick:g}s while the loop ran "
+                           f"{backwards} backward passes: it is not part of the training step (a "
+                           "LightningModule's forward, say: Lightning calls training_step). The "
+                           "phases that observe its calls are skipped; name a method the loop calls, "
+                           "or none")
+            result = run.command(phase, hooks.watch(run.words(), expr="cost", count=1,
+                                                    timeout=t - quick), expect_calls=1)
     except PhaseTimeout:
         run.method_called = False
         raise
     except FlightProfilerError as exc:
         raise TargetUnusable(exc) from None
+    run.method_called = _was_called(phase, result)
     costs = [c for c in (stats.cost_ms(e) for e in phase.data.get("events", [])) if c is not None]
-    run.method_called = bool(costs) or bool(result.get("matched"))
     phase.data["resolved"] = result.get("target")
     if not run.method_called:
         raise Skip(f"{target.label} was not called within {t:g}s: the phases that observe its "
                    "calls are skipped")
     phase.data["first_call_ms"] = round(costs[0], 4) if costs else None
     run.first_call_ms = costs[0] if costs else None
+
+
+# How long the locate phase watches before it asks whether the loop trains without the method,
+# and the backward passes (in LOCATE_PROBE_S) that say it does.
+LOCATE_QUICK_S = 5.0
+LOCATE_PROBE_S = 2.0
+LOCATE_TRAINING_BACKWARDS = 3
+BACKWARD_WORDS = ["torch.autograd", "backward"]
+
+
+def _was_called(phase: PhaseResult, result: dict[str, Any]) -> bool:
+    costs = [c for c in (stats.cost_ms(e) for e in phase.data.get("events", [])) if c is not None]
+    return bool(costs) or bool(result.get("matched"))
+
+
+def _backward_passes(run: Run, phase: PhaseResult) -> int:
+    """Backward passes the loop runs in LOCATE_PROBE_S (0 if they cannot be watched)."""
+    command, events = phase.command, phase.data.pop("events", None)
+    probe = hooks.watch(BACKWARD_WORDS, count=LOCATE_TRAINING_BACKWARDS, timeout=LOCATE_PROBE_S)
+    try:
+        result = run.command(phase, probe)
+    except FlightProfilerError:
+        return 0
+    finally:
+        phase.command = f"{command}; {probe.line}"
+        phase.data.pop("events", None)
+        if events is not None:
+            phase.data["events"] = events
+    matched = result.get("matched")
+    return matched if isinstance(matched, int) else 0
 
 
 def phase_memory(run: Run, phase: PhaseResult) -> None:
