@@ -93,6 +93,10 @@ class FakeDriver:
             return {"reason": "count", "matched": count, "target": "__main__.train_step"}
         if words[:2] == ["torch", "dataloader"]:
             return {"loaders": [], "threads": [], "sampled_s": 0.5, "cpus": 2}
+        if words[0] == "stack":
+            return {"threads": [{"name": "MainThread", "frames": [
+                {"file": "/work/train.py", "function": "<module>", "line": 40},
+                {"file": "/work/train.py", "function": "main", "line": 12}]}]}
         if words[:2] == ["torch", "grads"]:
             doc = grads_doc(count, self.zero_grad)
             Path(path or "").write_text(json.dumps(doc))
@@ -752,3 +756,22 @@ def test_a_method_not_called_while_nothing_trains_is_waited_for_up_to_the_timeou
     watches = [ln for ln in driver.lines if ln.startswith("watch __main__ train_step")]
     assert watches[:2] == ["watch __main__ train_step --expr cost -n 1 --timeout 5",
                            "watch __main__ train_step --expr cost -n 1 --timeout 25"]
+
+
+def test_a_call_that_outlasts_the_diagnosis_is_named_running(options: DiagnoseOptions) -> None:
+    # a PINN's one LBFGS step of max_iter=50000, named: entered minutes ago, never returns
+    options.timeout = 30.0
+    options.target = MethodTarget.parse(["torch.optim.lbfgs", "LBFGS", "step"])
+
+    def stack(words: list[str], on_event: Any) -> dict[str, Any]:
+        return {"threads": [{"name": "MainThread", "frames": [
+            {"file": "/work/pinn.py", "function": "PhysicsInformedNN.train", "line": 120},
+            {"file": "/venv/lib/python3.11/site-packages/torch/optim/lbfgs.py",
+             "function": "LBFGS.step", "line": 440}]}]}
+
+    driver = FakeDriver(overrides={"watch torch.optim.lbfgs LBFGS step": _uncalled, "stack": stack})
+    result = run_diagnosis(driver, options)
+    locate = result.phase("locate")
+    assert locate.status == "skipped" and "is running (thread MainThread at lbfgs.py:440)" in locate.reason
+    assert not any(ln.startswith("watch torch.autograd") for ln in driver.lines)
+    assert "is running" in result.phase("watch").reason

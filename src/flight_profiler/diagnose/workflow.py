@@ -119,6 +119,15 @@ def phase_locate(run: Run, phase: PhaseResult) -> None:
         result = run.command(phase, hooks.watch(run.words(), expr="cost", count=1, timeout=quick),
                              expect_calls=1)
         if not _was_called(phase, result) and t > quick:
+            running = _running_call(run, phase)
+            if running is not None:
+                run.method_called = False
+                run.not_called = (f"{target.label} is running ({running}) and did not return in "
+                                  f"{quick:g}s: a call that outlasts the diagnosis")
+                raise Skip(f"{run.not_called} (one LBFGS step of max_iter=50000, say): its calls "
+                           "cannot be observed; the phases that observe them are skipped and the "
+                           "profile covers a window instead. Name what it calls repeatedly (the "
+                           "closure, the model's forward), or nothing")
             backwards = _backward_passes(run, phase)
             if backwards >= LOCATE_TRAINING_BACKWARDS:
                 run.method_called = False
@@ -157,6 +166,31 @@ BACKWARD_WORDS = ["torch.autograd", "backward"]
 def _was_called(phase: PhaseResult, result: dict[str, Any]) -> bool:
     costs = [c for c in (stats.cost_ms(e) for e in phase.data.get("events", [])) if c is not None]
     return bool(costs) or bool(result.get("matched"))
+
+
+def _running_call(run: Run, phase: PhaseResult) -> str | None:
+    """``thread T at file:line`` where a thread is inside the method now, or None."""
+    target = run.options.target
+    assert target is not None
+    words = run.words()
+    method = words[-1]
+    qualified = f"{words[1]}.{method}" if len(words) == 3 else method
+    path = words[0].replace(".", "/")
+    command, events = phase.command, phase.data.pop("events", None)
+    try:
+        result = run.command(phase, basic.stack())
+    except FlightProfilerError:
+        return None
+    finally:
+        phase.command = command
+        if events is not None:
+            phase.data["events"] = events
+    for thread in result.get("threads") or []:
+        for frame in thread.get("frames") or []:
+            file, function = str(frame.get("file", "")), str(frame.get("function", ""))
+            if function in (qualified, method) and (words[0] == "__main__" or path in file):
+                return f"thread {thread.get('name')!s} at {file.rsplit('/', 1)[-1]}:{frame.get('line')}"
+    return None
 
 
 def _backward_passes(run: Run, phase: PhaseResult) -> int:
