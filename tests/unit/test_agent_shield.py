@@ -4,8 +4,10 @@ the target's own signals still interrupt it, and its recursion is bounded (depth
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -18,6 +20,9 @@ import pytest
 from flight_profiler.agent import depth_guard, hooks, shield
 from flight_profiler.agent.hook_gate import Gate
 from flight_profiler.agent.targets import resolve
+from support import PYTHONS, REPO
+
+SRC = REPO / "src"
 
 SOURCE = """
 def f(x):
@@ -222,3 +227,76 @@ def test_depth_guard_bounds_this_thread_and_gives_everything_back() -> None:
         assert deep(5000) == 0  # nothing of the bound is left on this thread
     finally:
         sys.setrecursionlimit(limit)
+
+
+# Each case runs code until a real SIGINT lands in it (or raises on purpose), in frames named
+# as the agent's callers would see them: the agent's own, the standard library's (the agent
+# calls threading.current_thread while it builds an event), an expression's comprehension, the
+# target's function. Run under every installed CPython: where a signal stops differs.
+SIGNAL_PROBE = r"""
+import os, signal, sys, threading, types
+sys.path.insert(0, sys.argv[1])
+from flight_profiler.agent import shield
+
+def made(source, filename):
+    namespace = {}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace
+
+LOOPS = "def spin():\n    while True:\n        pass\n"
+RAISES = "def spin():\n    raise KeyboardInterrupt\n"
+EXPR_LOOP = "def __fp_render__():\n    return sum(x for x in iter(int, 1))\n"
+PLACES = {
+    "agent": os.path.join(os.path.dirname(shield.__file__), "_probe.py"),
+    "stdlib": threading.__file__,
+    "target": "/srv/job/train.py",
+}
+
+def outcome(fn, signalled):
+    if signalled:
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        fn()
+    except KeyboardInterrupt as exc:
+        return shield.belongs_to_target(exc)
+    return None
+
+results = {}
+for place, filename in PLACES.items():
+    results[place + " signalled"] = outcome(made(LOOPS, filename)["spin"], True)
+    if place != "agent":
+        results[place + " raise"] = outcome(made(RAISES, filename)["spin"], False)
+results["expression comprehension signalled"] = outcome(made(EXPR_LOOP, "<--expr>")["__fp_render__"], True)
+
+def gen():
+    yield 1
+    yield 2
+
+started = gen()
+next(started)
+results["thrown into an unstarted generator"] = outcome(lambda: (_ for _ in ()).throw(KeyboardInterrupt()), False)
+results["thrown into a started generator"] = outcome(lambda: started.throw(KeyboardInterrupt()), False)
+print(sorted(results.items()))
+"""
+
+
+@pytest.mark.parametrize("version", sorted(PYTHONS))
+def test_ctrl_c_landing_anywhere_in_our_call_is_the_targets(version: str) -> None:
+    # A Ctrl-C whose KeyboardInterrupt was swallowed because it landed in a standard library
+    # frame the agent called was lost: the target ran on (CI, 3.11).
+    out = subprocess.run([PYTHONS[version], "-c", SIGNAL_PROBE, str(SRC)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    results = dict(ast.literal_eval(out.stdout))
+    expected = {
+        "agent signalled": True,
+        "stdlib signalled": True,
+        "target signalled": True,
+        "expression comprehension signalled": True,
+        "stdlib raise": False,
+        "target raise": False,
+        "thrown into an unstarted generator": False,
+        # 3.9 and 3.13+ stop a throw into a started generator where a signal lands too
+        "thrown into a started generator": version in ("3.9", "3.13", "3.14"),
+    }
+    assert results == expected
