@@ -25,7 +25,7 @@ from support import PYTHONS  # noqa: E402
 
 CENSUS_KEYS = {"format", "version", "pid", "time", "label", "totals", "groups", "holders", "sites",
                "skipped", "elapsed_s", "census_id", "previous_id", "moment", "holders_complete"}
-HOLDER_KEYS = {"path", "example", "kind", "count", "bytes", "with_grad_fn", "graph_bytes", "root"}
+HOLDER_KEYS = {"path", "example", "kind", "count", "bytes", "numel", "with_grad_fn", "graph_bytes", "root"}
 # Only where they apply: a local's frame depth, a capped container's limit and length, and what
 # the holder still holds of the previous census (with a previous census of this process).
 HOLDER_OPTIONAL = {"depth", "cap", "length", "kept", "sampled", "chained"}
@@ -66,7 +66,7 @@ def test_leaked_losses_are_named_by_holder_path(work, tmp_path):
     h = holder(doc, "fp_torch_workload.losses[*]")
     assert h["count"] == 40 and h["with_grad_fn"] == 40 and h["kind"] == "list"
     assert h["example"].startswith("fp_torch_workload.losses[")
-    assert h["bytes"] == 40 * 4  # 40 float32 scalars
+    assert h["bytes"] == 40 * 4 and h["numel"] == 40  # 40 float32 scalars
     # parameters are named by module attribute path, and optimizer-free SGD has no state
     assert holder(doc, "fp_torch_workload.model.0.weight")["kind"] == "parameter"
     assert result["path"] == str(tmp_path / "c.json") and result["size"] == (tmp_path / "c.json").stat().st_size

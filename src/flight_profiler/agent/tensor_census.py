@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import time
 import warnings
@@ -276,10 +277,11 @@ def _census(torch: Any, tensors: list[Any], unscanned: int, budget: Budget, skip
         if holder is None:
             holder = holders[canonical] = {
                 "path": canonical, "example": example, "kind": kind, "count": 0, "bytes": 0,
-                "with_grad_fn": 0, "graph_bytes": 0}
+                "with_grad_fn": 0, "graph_bytes": 0, "numel": 0}
             _root(holder, origins.get(tid))
         holder["count"] += 1
         holder["bytes"] += b
+        holder["numel"] += math.prod(shape)
         holder["with_grad_fn"] += has_fn
         holder["graph_bytes"] += g_bytes
         members.note(canonical, tid, has_fn, origins.get(tid))

@@ -69,7 +69,7 @@ def parse_census(text: str) -> dict[str, Any]:
         }
         if h.get("root") in ROOTS:
             row["root"] = h["root"]
-        for key in ("depth", "cap", "length", "kept", "sampled"):
+        for key in ("depth", "cap", "length", "kept", "sampled", "numel"):
             if key in h and h[key] is not None:
                 row[key] = _int(h, key)
         if type(h.get("chained")) is bool:

@@ -29,7 +29,7 @@ from typing import Any
 
 from flight_profiler.report.models import InputResult
 
-_SUM = ("count", "bytes", "with_grad_fn", "graph_bytes", "kept", "sampled", "cap", "length")
+_SUM = ("count", "bytes", "numel", "with_grad_fn", "graph_bytes", "kept", "sampled", "cap", "length")
 # Keys that hold digits are per-request/per-step keys: censuses written before the census folded
 # them are folded here, so growth is judged per container.
 _KEYED = re.compile(r"\['[^'\]]*\d[^'\]]*'\]|\[\d+\]")

@@ -258,3 +258,17 @@ def test_census_pairs_leave_no_coverage_note(tmp_path: Path) -> None:
     assert _rules(analyze(paths), "coverage") == []
     (one,) = _rules(analyze(paths[:1]), "coverage")
     assert "one census cannot show growth" in one.summary.lower()
+
+
+def test_losses_whose_storage_is_batch_sized_are_still_losses(tmp_path: Path) -> None:
+    # A LightningModule's `self.losses.append(loss)`: each 0-d F.mse_loss result keeps its
+    # 196 KiB buffer (64 x 784 floats), so bytes per tensor said "model outputs" and the fix
+    # said to run the model under no_grad; one element a tensor says losses: `.item()` first.
+    paths = []
+    for n, k in enumerate((1000, 1300, 1600)):
+        row = holder("__main__.autoencoder.losses[*]", k, k * 200704, grad=k, graph=0)
+        row["numel"] = k
+        paths.append(str(write_json(tmp_path / f"s{n}.json", census(3, 1.0 + n, [row]))))
+    (g,) = _rules(analyze(paths), "graph-retention")
+    assert "loss.item()" in g.fix[0] and "inference_mode" not in g.fix[0]
+    assert "196.0 KiB of storage" in g.fix[1] and "`.detach()` alone does not" in g.fix[1]

@@ -28,9 +28,19 @@ OUTPUT_MIN_BYTES = 64
 fold_holders = census_growth.fold_holders  # where memory_leak and older callers find it
 
 
+def _scalars(h: dict[str, Any]) -> bool:
+    """One element a tensor (losses, metrics), whatever their storage: a 0-d loss from
+    F.mse_loss keeps its batch-sized buffer (196 KiB for 64 x 784 floats), which made a
+    Lightning module's `self.losses.append(loss)` read as model outputs (censuses before the
+    element count was written say nothing: False)."""
+    numel, count = h.get("numel"), int(h.get("count") or 0)
+    return isinstance(numel, int) and count > 0 and numel <= count
+
+
 def _is_outputs(h: dict[str, Any]) -> bool:
     n = int(h.get("with_grad_fn") or 0)
-    return n > 0 and int(h.get("bytes") or 0) / max(1, int(h.get("count") or 1)) > OUTPUT_MIN_BYTES
+    return (n > 0 and not _scalars(h)
+            and int(h.get("bytes") or 0) / max(1, int(h.get("count") or 1)) > OUTPUT_MIN_BYTES)
 
 
 def _where(h: dict[str, Any]) -> str:
@@ -56,8 +66,14 @@ def _fix(h: dict[str, Any]) -> list[str]:
         # Model outputs kept with their graphs: inference (or evaluation) run with autograd on.
         return [no_grad, detach.replace("`loss.item()` or ", ""),
                 "If gradients are really needed later, keep only the last output, not one per call."]
-    return [detach, "Compute metrics under `torch.no_grad()` so that they carry no graph.",
-            "If the tensor must be kept with its graph, keep only the last one (not one per step)."]
+    fixes = [detach, "Compute metrics under `torch.no_grad()` so that they carry no graph.",
+             "If the tensor must be kept with its graph, keep only the last one (not one per step)."]
+    per = int(h.get("bytes") or 0) // max(1, int(h.get("count") or 1))
+    if _scalars(h) and per > OUTPUT_MIN_BYTES:
+        fixes.insert(1, f"Each of these one-element tensors keeps {fmt_bytes(per)} of storage alive "
+                        "(a loss from `F.mse_loss` shares its batch-sized buffer): `.item()` frees it, "
+                        "`.detach()` alone does not.")
+    return fixes
 
 
 def check(ctx: Context) -> list[Finding]:
