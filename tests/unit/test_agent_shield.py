@@ -211,7 +211,7 @@ def test_depth_guard_bounds_this_thread_and_gives_everything_back() -> None:
     def deep(n: int) -> int:
         return n if n == 0 else deep(n - 1)
 
-    assert depth_guard.status() in ("available", "not needed (this CPython bounds C recursion itself)")
+    assert depth_guard.status() == "available"
     limit = sys.getrecursionlimit()
     assert bomb() == "unbounded"  # at the default limit the interpreter's own check suffices
     sys.setrecursionlimit(100_000)
@@ -300,3 +300,32 @@ def test_ctrl_c_landing_anywhere_in_our_call_is_the_targets(version: str) -> Non
         "thrown into a started generator": version in ("3.9", "3.13", "3.14"),
     }
     assert results == expected
+
+
+DEPTH_PROBE = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+sys.setrecursionlimit(10**6)
+from flight_profiler.agent import depth_guard
+shift = depth_guard.bounded()
+started = time.monotonic()
+try:
+    (lambda f: f(f))(lambda f: f(f))
+except RecursionError:
+    pass
+finally:
+    depth_guard.release(shift)
+print(depth_guard.status(), shift > 0, time.monotonic() - started)
+"""
+
+
+@pytest.mark.parametrize("version", sorted(PYTHONS))
+def test_depth_guard_works_on_every_interpreter(version: str) -> None:
+    # 3.14 was left unguarded: a lambda calling itself ran a million frames (0.8 s) in a
+    # target that raised its limit, and a one-second watch's filter outlived the watch.
+    out = subprocess.run([PYTHONS[version], "-c", DEPTH_PROBE, str(SRC)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    status, moved, seconds = out.stdout.rsplit(maxsplit=2)
+    assert (status, moved) == ("available", "True")
+    assert float(seconds) < 0.2
