@@ -334,7 +334,7 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
                              "mean_us": round(v[1] / v[0], 3)} for k, v in top]
 
     # Operators (CPU) by self time
-    outer = [0.0, 0.0]
+    outer = [0.0, 0.0, 0.0]
     outer_at: list[tuple[int, float]] = []
     ops, tiny_samples = operator_self_times(raw, T.tiny_op_us, MAX_ATTRIBUTED, span, outer, outer_at)
     # Issued from the program's own lines, not from a library's Python (an optimizer's
@@ -346,7 +346,7 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
               for k, t in outer_at[:MAX_ATTRIBUTED]]
     seen = [(f, dl) for f, dl in frames if f is not None]
     program = sum(1 for f, dl in seen if is_user_frame(f) and not dl) / len(seen) if seen else 1.0
-    outer = [outer[0] * program, outer[1] * program]
+    outer = [outer[0] * program, outer[1] * program, outer[2] * program]
     if ops:
         self_list = sorted(ops.items(), key=lambda kv: -kv[1][2])
         m["top_operators"] = [{"name": k, "calls": int(v[0]), "total_us": round(v[1], 3),
@@ -367,6 +367,8 @@ def trace_metrics(raw: RawTrace) -> dict[str, Any]:
             "from_python_tiny_calls": int(outer[0]),
             "from_python_tiny_us": round(outer[1], 3),
             "from_python_tiny_pct_of_window": _pct(outer[1], window),
+            # the same under twice the line: a count that the machine's speed does not move
+            "from_python_small_calls": int(outer[2]),
             "tiny_callers": attribute(index, tiny_samples, longest=False),
         }
 

@@ -250,3 +250,43 @@ def test_many_python_issued_tiny_ops_with_no_cost_are_not_a_warning() -> None:
     assert "inside library operators" in quiet.title
     (loop,) = launch_overhead.check(_Ctx(6.0, 13000))  # type: ignore[arg-type]
     assert loop.severity == "warning"  # 260 a step, over the floor: the count makes it count
+
+
+def _loop_of_tiny_ops(path: Path, slow_share: float) -> Path:
+    """A CPU trace of 6 steps, each 260 operators issued one by one from Python (the tiny-ops
+    sample's recurrence), ``slow_share`` of them at 12 us (past the 10 us line, as a slower or
+    busier machine makes `state * 0.9`), the rest at 5 us, then 6 ms of model compute."""
+    import gzip
+    import json
+
+    events: list[dict[str, object]] = []
+    ts = 1_000_000.0
+    slow_every = round(1 / slow_share) if slow_share else 0
+    for step in range(6):
+        start = ts
+        for i in range(260):
+            dur = 12.0 if slow_every and i % slow_every == 0 else 5.0
+            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mul", "pid": 1, "tid": 1,
+                           "ts": ts, "dur": dur, "args": {}})
+            ts += dur + 1.0
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1,
+                       "ts": ts, "dur": 6000.0, "args": {}})
+        ts += 6001.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
+                       "pid": 1, "tid": 1, "ts": start - 0.5, "dur": ts - start, "args": {}})
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    return path
+
+
+def test_a_loop_of_tiny_ops_is_counted_whatever_the_machines_speed(tmp_path: Path) -> None:
+    # CI on a slower machine: `state * 0.9` took 10-15 us on some runs, so 773 of the sample's
+    # 1300 a window counted as tiny (155 a step, under the 200 of a warning) and the planted
+    # loop was info. Counted under twice the line, the loop is the same loop on any machine.
+    for slow_share in (0.0, 0.5):
+        report = analyze([str(_loop_of_tiny_ops(tmp_path / f"t{slow_share}.json.gz", slow_share))])
+        ops = report.inputs[0].data["operators"]
+        assert ops["from_python_small_calls"] == 6 * 260
+        assert ops["from_python_tiny_calls"] == 6 * 260 * (1 - slow_share)
+        (finding,) = _rules(report, "launch-overhead")
+        assert finding.severity in ("warning", "critical"), (slow_share, finding)
