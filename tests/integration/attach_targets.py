@@ -7,6 +7,11 @@ imported ``threading`` from a foreign thread) and exits 0.
 
 from __future__ import annotations
 
+import re
+import time
+from pathlib import Path
+from typing import Any
+
 TARGET = r'''
 import os
 import sys
@@ -181,3 +186,23 @@ STATES: dict[str, str] = {
     "gil_hog": "fp_gil_hog_worker",
     "malloc": "fp_malloc_worker",
 }
+
+
+def beats(out: str) -> int:
+    """The last heartbeat number a target printed (0 before the first)."""
+    found = re.findall(r"^hb (\d+)$", out, re.M)
+    return int(found[-1]) if found else 0
+
+
+def finish(t: Any, stop: Path) -> None:
+    """The target beats on, stops when asked, exits 0 with its main thread intact."""
+    start = beats(t.stdout)
+    deadline = time.monotonic() + 20
+    while beats(t.stdout) < start + 3:
+        assert t.alive(), t.stderr[-2000:]
+        assert time.monotonic() < deadline, "target stopped beating"
+        time.sleep(0.05)
+    stop.touch()
+    assert t.popen.wait(30) == 0, t.stderr[-2000:]
+    assert "main_ok True True" in t.stdout
+    assert t.stderr == ""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from attach_targets import STATES, TARGET
+from attach_targets import STATES, TARGET, beats, finish
 
 from flight_profiler.attach import gdb_selftest, ptrace
 from flight_profiler.errors import AttachFailed
@@ -42,11 +42,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _beats(out: str) -> int:
-    found = re.findall(r"^hb (\d+)$", out, re.M)
-    return int(found[-1]) if found else 0
-
-
 @pytest.fixture
 def state_target():
     made = []
@@ -63,17 +58,6 @@ def state_target():
         t.stop()
 
 
-def _finish(t, stop: Path) -> None:
-    start = _beats(t.stdout)
-    deadline = time.monotonic() + 20
-    while _beats(t.stdout) < start + 3:
-        assert t.alive(), t.stderr[-2000:]
-        assert time.monotonic() < deadline, "target stopped beating"
-        time.sleep(0.05)
-    stop.touch()
-    assert t.popen.wait(30) == 0, t.stderr[-2000:]
-    assert "main_ok True True" in t.stdout
-    assert t.stderr == ""
 
 
 def _no_gdb_cases() -> list[object]:
@@ -100,7 +84,7 @@ def test_attach_works_with_no_gdb_anywhere(state_target, tmp_path, version: str,
              for f in th["frames"]}
     assert STATES[state] in names
     assert run_cli(str(t.pid), "--cmd", "detach", env=env).returncode == 0
-    _finish(t, stop)
+    finish(t, stop)
 
 
 NUMERIC = r"""
@@ -167,7 +151,7 @@ def test_repeated_attach_detach_on_mixed_states_kills_nothing(state_target, tmp_
             assert run_cli(str(t.pid), "--cmd", "detach", env=env).returncode == 0
     # THEN all of them run on and end normally
     for t, stop in targets:
-        _finish(t, stop)
+        finish(t, stop)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -192,7 +176,7 @@ def test_interrupting_the_cli_mid_injection_leaves_the_target_whole(state_target
     for t, stop in targets:
         status = Path(f"/proc/{t.pid}/status").read_text()
         assert re.search(r"TracerPid:\s+0\n", status), status
-        _finish(t, stop)
+        finish(t, stop)
 
 
 def _exec_anon_in(pid: int, lo: int, hi: int) -> list[str]:
@@ -228,7 +212,7 @@ def test_injected_region_is_unmapped_once_the_agent_runs(state_target, tmp_path,
     while left := _exec_anon_in(t.pid, *ours):
         assert time.monotonic() < deadline, f"the injected region is still mapped: {left}"
         time.sleep(0.05)
-    _finish(t, stop)
+    finish(t, stop)
 
 
 FAKE_GDB = """#!/bin/sh
@@ -247,7 +231,7 @@ def test_a_gdb_that_cannot_call_is_refused_before_the_target_is_touched(
     env = no_gdb_env(tmp_path)
     env["FLIGHT_PROFILER_GDB"] = str(fake)
     t, stop = state_target(next(iter(PYTHONS)), "sleeping")
-    before = _beats(t.stdout)
+    before = beats(t.stdout)
     # WHEN the user asks for the gdb method
     proc = run_cli(str(t.pid), "--cmd", "stack", "--method", "gdb", env=env)
     # THEN it is refused with the cause and the fix, and the target never saw a tracer
@@ -255,11 +239,11 @@ def test_a_gdb_that_cannot_call_is_refused_before_the_target_is_touched(
     first = proc.stderr.splitlines()[0]
     assert "cannot safely call into a process" in first and "not touched" in first, first
     assert "--method auto" in proc.stderr
-    assert _beats(t.stdout) >= before
+    assert beats(t.stdout) >= before
     # the verdict is cached per gdb binary and kernel: the second refusal runs no self-test
     cache = json.loads((tmp_path / "cache" / "flight_profiler" / "gdb-selftest.json").read_text())
     assert [v["ok"] for v in cache.values()] == [False]
-    _finish(t, stop)
+    finish(t, stop)
 
 
 @pytest.mark.skipif(not shutil.which("gdb", path="/usr/bin"), reason="no system gdb")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from attach_targets import STATES, TARGET
+from attach_targets import STATES, TARGET, finish
 
 from support import spawn, temp_dir
 
@@ -39,28 +39,9 @@ def run_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[st
     return subprocess.run([CLI_314, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def _beats(out: str) -> int:
-    lines = [ln for ln in out.splitlines() if ln.startswith("hb ")]
-    return int(lines[-1].split()[1]) if lines else 0
-
-
 def _start(state: str):
     stop = temp_dir("fp-stop-") / "stop"
     return spawn(TARGET, python=python_of(CLI_314), args=(state, str(stop))), stop
-
-
-def _finish(t, stop: Path) -> None:
-    """The target beats on, stops when asked, exits 0 with its main thread intact."""
-    start = _beats(t.stdout)
-    deadline = time.monotonic() + 20
-    while _beats(t.stdout) < start + 3:
-        assert t.alive(), t.stderr[-2000:]
-        assert time.monotonic() < deadline, "target stopped beating"
-        time.sleep(0.05)
-    stop.touch()
-    assert t.popen.wait(30) == 0, t.stderr[-2000:]
-    assert "main_ok True True" in t.stdout
-    assert t.stderr == ""
 
 
 @pytest.mark.parametrize("state", ["sleeping", "busy", "asyncio", "malloc"])
@@ -81,7 +62,7 @@ def test_a_314_cli_attaches_by_remote_exec_and_leaves_the_target_as_it_was(state
         assert re.search(r"^\S+ #2 ", watch.stdout, re.M), watch.stdout
         detach = run_cli(str(t.pid), "--cmd", "detach")
         assert detach.returncode == 0 and "0 hook(s) left" not in detach.stderr, detach.stderr
-        _finish(t, stop)
+        finish(t, stop)
     finally:
         stop.touch()
         t.stop()
@@ -97,7 +78,7 @@ def test_a_target_that_never_runs_python_is_left_untouched() -> None:
         assert proc.returncode == 7, proc.stderr
         assert time.monotonic() - started < 30
         assert "left as it was" in proc.stderr
-        _finish(t, stop)  # the stop file wakes it: it runs the queued script, then exits 0
+        finish(t, stop)  # the stop file wakes it: it runs the queued script, then exits 0
     finally:
         stop.touch()
         t.stop()
