@@ -158,6 +158,32 @@ def test_schedule_annotates_profiler_steps(work, tmp_path):
     assert result["calls_recorded"] == 4
 
 
+def test_a_named_optimizer_step_is_marked_as_one_step_inside_each_call(tmp_path):
+    # GIVEN an LBFGS loop as its tutorials write it: the closure's backward passes run inside
+    # step(); torch's post-hook marks the step after the hooked code returns, outside the session
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    path = tmp_path / "lbfgs.json"
+    run_handler("torch profile", {"target": spec("torch.optim.lbfgs", "step", "LBFGS"), "calls": 2,
+                                  "schedule": [0, 0, 2], "path": str(path)},
+                drive=lambda: opt.step(closure))
+    events = load_trace(path)["traceEvents"]
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                   if str(e.get("name", "")).startswith("ProfilerStep#"))
+    named = [e["ts"] + e["dur"] for e in events
+             if e.get("name") == "flight_profiler.optimizer_step#named LBFGS"]
+    assert len(steps) == 2 and len(named) == 2
+    assert all(any(a <= end <= b for a, b in steps) for end in named)  # one inside each call
+
+
 def test_tensorboard_layout(work, tmp_path):
     result, _ = profile_method(work, {"tensorboard": str(tmp_path / "tb"), "label": "run1"})
     path = Path(result["path"])

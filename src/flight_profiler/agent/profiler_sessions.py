@@ -53,10 +53,10 @@ def _unlink(path: str) -> None:
 
 class PerCall:
     def __init__(self, torch: Any, kwargs: dict[str, Any], roles: list[str] | None = None,
-                 steps: bool = False, sync_cuda: bool = False, mark: str | None = None,
+                 steps: bool = False, sync_cuda: bool = False, marks: list[str] | None = None,
                  export_dir: str | None = None) -> None:
         self.torch = torch
-        self.mark = mark
+        self.marks = marks or []
         self.kwargs = kwargs
         self.roles = roles
         self.steps = steps
@@ -85,7 +85,7 @@ class PerCall:
             raise
         spans = []
         if role == "active":
-            names = ([f"ProfilerStep#{index}"] if self.steps else []) + ([self.mark] if self.mark else [])
+            names = ([f"ProfilerStep#{index}"] if self.steps else []) + self.marks
             for name in names:
                 span = self.torch.autograd.profiler.record_function(name)
                 span.__enter__()

@@ -16,7 +16,10 @@ each optimizer's steps, as ``record_function`` annotations (user_annotation even
   ``flight_profiler.optimizer_step#<k> <Class>`` at the end of every ``step()`` of optimizer
   number ``k`` (numbered in the order they are first seen). torch's own
   ``Optimizer.step#Adam.step`` annotation names the class only: a GAN's two Adam optimizers
-  would look like one optimizer stepping twice a step.
+  would look like one optimizer stepping twice a step. When the named method is itself an
+  optimizer's ``step`` (``LBFGS.step``, closures inside), the post-hook runs after the hooked
+  code returns, outside the call's profiler session: torch_profile then wraps each call in
+  ``flight_profiler.optimizer_step#named <Class>`` too.
 
 The counts (calls entered and finished, steps per optimizer) are what ``torch profile --window``
 waits on. Only ids of optimizers are kept, never the objects (nothing of the target's is held
@@ -34,6 +37,8 @@ from typing import Any, Callable
 CALL_MARK = "flight_profiler.call#"
 OPTIMIZER_MARK = "flight_profiler.optimizer_step#"
 BACKWARD_MARK = "flight_profiler.backward"
+# The optimizer number of a mark that wraps each call of a named optimizer step (torch_profile).
+NAMED_STEP = "named"
 BACKWARD_SPEC = {"module": "torch.autograd", "method": "backward"}
 
 

@@ -9,7 +9,9 @@ backward". So the step is found from the trace, in this order:
 1. ``ProfilerStep#N`` annotations (torch.profiler's schedule, or the agent's per-call sessions).
    When they wrap calls of a method (the agent's ``flight_profiler.call#`` mark inside them)
    that is not the step itself, the model says so: the calls are a region, not steps.
-2. The optimizer: the agent's per-optimizer marks (``flight_profiler.optimizer_step#K``), else
+2. The optimizer: the agent's per-optimizer marks (``flight_profiler.optimizer_step#K``; a
+   named optimizer step, ``LBFGS.step``, has ``#named`` around each call: torch's post-hook runs
+   after the hooked code returns, outside the call's session), else
    torch's ``Optimizer.step#Class.step`` annotations. With several optimizers (a GAN's two) the
    one that steps least often marks the step; the step ends where its ``step()`` ends.
 3. ``torch.autograd.backward`` calls (the agent's ``flight_profiler.backward`` marks, else
@@ -39,6 +41,7 @@ CALL_MARK = "flight_profiler.call#"
 OPTIMIZER_MARK = "flight_profiler.optimizer_step#"
 BACKWARD_MARK = "flight_profiler.backward"
 TORCH_OPTIMIZER = "Optimizer.step#"
+NAMED_STEP = "named"  # the agent's mark around each call of a named optimizer step
 MIN_BOUNDARIES = 2  # one whole step
 _Item = TypeVar("_Item", bound=tuple[Any, ...])
 
@@ -54,6 +57,10 @@ class StepModel:
     # The method's calls are ProfilerSteps but no steps of the loop: per-step growth across
     # them means nothing (outputs and graphs live on after each call).
     region: bool = False
+    # Each step is its own profiler session (one per call of the named method): c10's CPU
+    # memory reporter misses the frees made between sessions, so a CPU total rises across them
+    # (2 MiB a step on a healthy LBFGS loop) and per-step CPU growth is not judged.
+    sessions: bool = False
     method: dict[str, Any] | None = None
     cut_us: float = 0.0  # trace time outside whole steps (the window's edges)
 
@@ -81,7 +88,8 @@ class StepModel:
         return {
             "kind": self.kind, "name": self.name, "how": self.how, "whole_steps": len(self.steps),
             "median_us": round(statistics.median(durs), 3) if durs else None,
-            "steps_per_s": self.per_second(), "region": self.region, "method": self.method,
+            "steps_per_s": self.per_second(), "region": self.region,
+            "sessions": self.sessions, "method": self.method,
             "cut_us": round(self.cut_us, 3),
         }
 
@@ -117,7 +125,9 @@ def _optimizer_boundaries(raw: RawTrace) -> tuple[list[float], str, str] | None:
     if agent:
         number, _, cls = name[len(OPTIMIZER_MARK):].partition(" ")
         label = f"{cls}.step"
-        how = (f"each step ends with {label} (optimizer #{number}"
+        which = ("the named method, an optimizer's step()" if number == NAMED_STEP
+                 else f"optimizer #{number}")
+        how = (f"each step ends with {label} ({which}"
                + (f", the one that steps least often of {len(groups)}" if len(groups) > 1 else "")
                + ")")
     else:
@@ -209,12 +219,14 @@ def find_steps(raw: RawTrace) -> StepModel:
         method: dict[str, Any] = {"name": _short(label), "target": label, "calls": len(steps),
                   "calls_per_step": 1.0 if has_step else None,
                   "role": "the step" if has_step else "a region of the step (its calls only)"}
+        runs = ("; each call is an optimizer's step()" if inside and inside[1] == _short(label)
+                else "; each call runs one " + inside[1] if inside else "")
         how = (f"one profiled call of {_short(label)} per ProfilerStep"
-               + ("; each call runs one " + inside[1] if has_step and inside else
+               + (runs if has_step else
                   ": the calls hold no optimizer step or backward, so they are a region of the "
                   "step, not steps (growth and graphs across them are not judged per step)"))
         return StepModel("profiler_step", _short(label), how, steps, region=not has_step,
-                         method=method)
+                         sessions=True, method=method)
     found = _optimizer_boundaries(raw)
     kind = "optimizer"
     if found is None:

@@ -232,7 +232,11 @@ def _memory(raw: RawTrace, index: CallerIndex, steps: list[tuple[int, float, flo
         # Allocated at the end of each step: a leak grows it step after step. Calls of a method
         # that runs inside the step are no steps: what they allocate is freed after them.
         per_step: list[tuple[int, int]] = []
-        for num, st, dur in [] if model.region else steps:
+        unseen_frees = model.sessions and dtype == 0
+        if unseen_frees:
+            info["per_step_not_judged"] = ("each step is its own profiler session: the CPU "
+                                           "total misses what is freed between them")
+        for num, st, dur in [] if model.region or unseen_frees else steps:
             j = bisect_right(xs, st + dur) - 1
             if j >= 0 and xs[j] >= st:
                 per_step.append((num, ya[j]))

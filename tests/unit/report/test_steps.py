@@ -178,3 +178,36 @@ def test_the_agents_own_frames_are_never_the_programs_line() -> None:
     assert not is_user_frame("<flight_profiler hook of /work/job/train.py:28>(2): forward")
     assert not is_user_frame("/tmp/flight_profiler-0/agent-77d9ebcc/pkg/step_marks.py(51): on_enter")
     assert is_user_frame("/work/job/train.py(28): forward")
+
+
+def _lbfgs_calls(path: Path, named: bool) -> Path:
+    """Per-call sessions of LBFGS.step: 4 closure backward passes inside each call."""
+    import gzip
+    import json
+
+    events: list[dict] = []
+    t = 1_000_000.0
+    for i in range(4):
+        for name, ts, dur in ([(f"ProfilerStep#{i}", t, 100_000),
+                               ("flight_profiler.call#torch.optim.lbfgs.LBFGS.step", t + 5, 99_990)]
+                              + ([("flight_profiler.optimizer_step#named LBFGS", t + 10, 99_980)]
+                                 if named else [])
+                              + [("flight_profiler.backward", t + 1_000 + 20_000 * k, 5_000)
+                                 for k in range(4)]):
+            events.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
+                           "ts": ts, "dur": dur, "args": {}})
+        t += 150_000
+    with gzip.open(path, "wt") as fh:
+        json.dump({"schemaVersion": 1, "traceEvents": events}, fh)
+    return path
+
+
+def test_a_named_optimizer_step_with_closure_backwards_is_the_step(tmp_path: Path) -> None:
+    # GIVEN `LBFGS step` named: each call runs the closure's backward 4 times, and the agent
+    # marks the call as the optimizer's step (torch's own post-hook falls outside the session)
+    data = analyze([str(_lbfgs_calls(tmp_path / "named.json.gz", named=True))]).inputs[0].data
+    assert data["step"]["method"]["role"] == "the step" and data["step"]["region"] is False
+    assert "is an optimizer's step()" in data["step"]["how"]
+    # without the mark (an older agent) the calls are only a region: no per-step claim is made
+    old = analyze([str(_lbfgs_calls(tmp_path / "old.json.gz", named=False))]).inputs[0].data
+    assert old["step"]["region"] is True

@@ -25,7 +25,7 @@ from .. import call_window, profile_window, targets, trace_tools
 from ..profiler_sessions import PerCall, schedule_roles, start_profiler, stop_profiler
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
-from ..step_marks import CALL_MARK, StepMarks
+from ..step_marks import CALL_MARK, NAMED_STEP, OPTIMIZER_MARK, StepMarks, optimizer_step_codes
 from ..torch_support import (
     check_writable,
     cuda_in_use,
@@ -162,12 +162,17 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     roles = _schedule(ctx) if roles is None else roles
     if roles is not None:
         calls = len(roles)
-    described = targets.resolve(spec).description
+    target = targets.resolve(spec)
     # Marked calls and optimizer steps: the report tells a method that is the step from one
     # that runs inside it (whose calls are no steps: their memory and graphs live on after them).
     profile_window.mark_optimizers(ctx, torch, StepMarks(torch, None))
+    marks = [f"{CALL_MARK}{target.description}"]
+    if target.code in optimizer_step_codes(torch):
+        # An optimizer's own step() (LBFGS.step with its closure): torch's post-hook marks the
+        # step after the hooked code returns, outside the call's session, so the call says it.
+        marks.append(f"{OPTIMIZER_MARK}{NAMED_STEP} {target.description.split('.')[-2]}")
     per_call = PerCall(torch, {"activities": _activities(torch, use_cuda), **options}, roles,
-                       steps=roles is not None, sync_cuda=use_cuda, mark=f"{CALL_MARK}{described}",
+                       steps=roles is not None, sync_cuda=use_cuda, marks=marks,
                        export_dir=export_dir)
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
