@@ -180,8 +180,9 @@ def test_the_agents_own_frames_are_never_the_programs_line() -> None:
     assert is_user_frame("/work/job/train.py(28): forward")
 
 
-def _lbfgs_calls(path: Path, named: bool) -> Path:
-    """Per-call sessions of LBFGS.step: 4 closure backward passes inside each call."""
+def _lbfgs_calls(path: Path, named: bool, cpu_rise: int = 0) -> Path:
+    """Per-call sessions of LBFGS.step: 4 closure backward passes inside each call; the CPU
+    total each session reports rises by ``cpu_rise`` (c10 misses frees between sessions)."""
     import gzip
     import json
 
@@ -196,6 +197,13 @@ def _lbfgs_calls(path: Path, named: bool) -> Path:
                                  for k in range(4)]):
             events.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1,
                            "ts": ts, "dur": dur, "args": {}})
+        total = (40 << 20) + i * cpu_rise
+        for k, nbytes in enumerate((4096, -4096)):
+            events.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+                           "tid": 1, "ts": t + 50_000 + 10 * k, "s": "t",
+                           "args": {"Device Type": 0, "Device Id": -1, "Bytes": nbytes,
+                                    "Total Allocated": total + max(nbytes, 0),
+                                    "Total Reserved": total, "Addr": 7 + i}})
         t += 150_000
     with gzip.open(path, "wt") as fh:
         json.dump({"schemaVersion": 1, "traceEvents": events}, fh)
@@ -211,3 +219,13 @@ def test_a_named_optimizer_step_with_closure_backwards_is_the_step(tmp_path: Pat
     # without the mark (an older agent) the calls are only a region: no per-step claim is made
     old = analyze([str(_lbfgs_calls(tmp_path / "old.json.gz", named=False))]).inputs[0].data
     assert old["step"]["region"] is True
+
+
+def test_cpu_totals_rising_across_per_call_sessions_are_no_leak(tmp_path: Path) -> None:
+    # GIVEN each call its own session: c10 counts no free made between sessions, so a loop that
+    # frees 1 MiB after each call reports 1 MiB more at every session (measured on torch 2.13)
+    path = _lbfgs_calls(tmp_path / "rise.json.gz", named=True, cpu_rise=2 << 20)
+    report = analyze([str(path)])
+    cpu = report.inputs[0].data["memory"]["cpu"]
+    assert "slope_bytes_per_step" not in cpu and "between them" in cpu["per_step_not_judged"]
+    assert not _rules(report.findings, "memory-leak")
