@@ -316,8 +316,10 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
                                   f"{o.target.label}, {result.get('duration_s')}s"
                                   + (f" ({steps})" if steps else ""))
         elif result.get("holds_step"):
+            warm = result.get("warmup_calls")
             phase.data["mode"] = (f"each call of {o.target.label} holds a whole step: its next "
-                                  f"{calls} calls, one session each (after 1 warm-up call)")
+                                  f"{calls} calls, one session each"
+                                  + (f" (after {warm} warm-up call)" if warm else ""))
         else:
             phase.data["mode"] = f"next {calls} calls of {o.target.label} (one session each)"
         _note_partial(phase, result, calls)

@@ -65,14 +65,20 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
                                                  use_cuda, options)
         if prof is None:  # the method is the step, or no all-threads profiling: per call
             held = bool(info.get("holds_step"))
-            # One warm-up call (its session pays kineto's start-up), then a ProfilerStep each.
+            # On CUDA one warm-up call first (its session pays CUPTI's start-up), then a
+            # ProfilerStep each. On CPU the first session starts in 1-4 ms (inductor left
+            # alone, profiler_sessions.py) and times its step as the next ones do (bench/
+            # bench_first_session.py): a warm-up call there is one whole step more,
+            # 2.5 s of a 28 s diagnosis of a style-transfer LBFGS step.
+            warmup = WARMUP_CALLS_CUDA if use_cuda else 0
             calls = int(ctx.arg("calls", 1) or 1)
             prof, info = _method(ctx, torch, spec, use_cuda, options,
-                                 schedule_roles(0, 1, calls, 1),
+                                 schedule_roles(0, warmup, calls, 1),
                                  export_dir=os.path.dirname(path) or ".")
             info["holds_step"] = held
+            info["warmup_calls"] = warmup
             info["note"] = ("each call holds a whole step (an optimizer step or a backward): one "
-                            "session per call, 1 warm-up call" if held else
+                            f"session per call, {warmup} warm-up call(s)" if held else
                             "this torch cannot profile all threads (no profile_all_threads): the "
                             "calls only, one session each")
     elif duration is not None:
@@ -188,6 +194,7 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     return profs, info
 
 
+WARMUP_CALLS_CUDA = 1
 # A window cut by --steps lasts this long at least: a job stepping 450 times a second would
 # otherwise give a window of a few milliseconds, too short for what the loop does between steps.
 STEPS_MIN_WINDOW_S = 1.0
