@@ -108,7 +108,7 @@ class StepMarks:
         self.steps: list[int] = []  # steps per optimizer number
         self.backwards = 0
         self.closure_backwards = 0  # of them, those run inside an optimizer's step()
-        self._step_codes = optimizer_step_codes(torch)
+        self.step_codes = optimizer_step_codes(torch)  # every optimizer class's step()
         self.changed = threading.Event()
 
     # -- the method --------------------------------------------------------------------------
@@ -131,7 +131,7 @@ class StepMarks:
     def on_backward_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         mark = self._record(BACKWARD_MARK)
         mark.__enter__()
-        return (mark, in_optimizer_step(self._step_codes))
+        return (mark, in_optimizer_step(self.step_codes))
 
     def on_backward_exit(self, token: Any, value: Any, exc: BaseException | None,
                          elapsed_ns: int) -> None:

@@ -25,7 +25,7 @@ from .. import call_window, profile_window, targets, trace_tools
 from ..profiler_sessions import PerCall, schedule_roles, start_profiler, stop_profiler
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
-from ..step_marks import CALL_MARK, NAMED_STEP, OPTIMIZER_MARK, StepMarks, optimizer_step_codes
+from ..step_marks import CALL_MARK, NAMED_STEP, OPTIMIZER_MARK, StepMarks
 from ..torch_support import (
     check_writable,
     cuda_in_use,
@@ -171,9 +171,10 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     target = targets.resolve(spec)
     # Marked calls and optimizer steps: the report tells a method that is the step from one
     # that runs inside it (whose calls are no steps: their memory and graphs live on after them).
-    profile_window.mark_optimizers(ctx, torch, StepMarks(torch, None))
+    step_marks = StepMarks(torch, None)
+    profile_window.mark_optimizers(ctx, torch, step_marks)
     marks = [f"{CALL_MARK}{target.description}"]
-    if target.code in optimizer_step_codes(torch):
+    if target.code in step_marks.step_codes:
         # An optimizer's own step() (LBFGS.step with its closure): torch's post-hook marks the
         # step after the hooked code returns, outside the call's session, so the call says it.
         marks.append(f"{OPTIMIZER_MARK}{NAMED_STEP} {target.description.split('.')[-2]}")
