@@ -89,6 +89,8 @@ def test_the_wait_for_growth_loads_the_report_inputs_written_so_far(
 
     monkeypatch.setattr(loaders, "load_one", counted)
     monkeypatch.setattr(engine, "load_one", counted)
+    # (no worker process for the trace: test_the_trace_is_loaded_by_a_niced_worker has it)
+    monkeypatch.setattr(preload.Preloader, "load_aside", lambda self, path: None)
     # WHEN it is diagnosed
     result = run_diagnosis(driver, _options(tmp_path, calls=4, duration=1.0))
     # THEN the profile and the census before were loaded during the wait, before the last census
@@ -175,10 +177,20 @@ def test_the_wait_stops_loading_at_its_end(tmp_path: Path, monkeypatch: pytest.M
 def test_a_big_trace_is_loaded_while_the_last_phases_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a trace too big for the waits (an LBFGS loop's phases leave no wait at all: a
-    # with_stack trace of 3 steps took 2-3 s of the report)
+    # with_stack trace of 3 steps took 2-3 s of the report), and a CLI that may not give its
+    # niced worker the normal priority back (no CAP_SYS_NICE): the worker is stopped
     import threading
 
     monkeypatch.setattr(preload, "PRELOAD_MAX_BYTES", 100)
+    stopped: list[bool] = []
+    real_stop = preload._Aside.stop
+
+    def stop(self: Any) -> None:
+        stopped.append(self.process.is_alive())
+        real_stop(self)
+
+    monkeypatch.setattr(preload._Aside, "unniced", lambda self: False)
+    monkeypatch.setattr(preload._Aside, "stop", stop)
     driver = FakeDriver()
     loads: list[tuple[str, int, bool]] = []  # (file, commands sent by then, in the main thread)
     real = loaders.load_one
@@ -207,3 +219,118 @@ def test_a_big_trace_is_loaded_while_the_last_phases_run(
     # the report's time counts the wait for that load
     report = result.phases[-1]
     assert report.name == "report" and report.seconds >= report.data["waited_for_loads_s"] >= 0.3
+    assert len(stopped) == 1  # the worker started, and was stopped at the census' end
+
+
+def test_the_trace_is_loaded_by_a_niced_worker_from_the_profiles_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a loop whose phases leave no wait (duration 0.1 s)
+    driver = FakeDriver()
+    in_process: list[str] = []
+    real = loaders.load_one
+    asides: list[tuple[str, int]] = []  # (file, commands sent by then)
+    real_aside = preload.Preloader.load_aside
+
+    def counted(path: str) -> Any:
+        in_process.append(os.path.basename(path))
+        return real(path)
+
+    def aside(self: preload.Preloader, path: str) -> None:
+        asides.append((os.path.basename(path), len(driver.lines)))
+        real_aside(self, path)
+
+    monkeypatch.setattr(loaders, "load_one", counted)
+    monkeypatch.setattr(engine, "load_one", counted)
+    monkeypatch.setattr(preload.Preloader, "load_aside", aside)
+    # WHEN it is diagnosed
+    result = run_diagnosis(driver, _options(tmp_path, calls=4, duration=0.1))
+    # THEN the trace is handed to a worker process right after the profile was asked for,
+    # before any later phase, and the report uses the worker's load: this process never loads it
+    profile = next(i for i, ln in enumerate(driver.lines) if ln.startswith("torch profile")) + 1
+    assert asides == [("profile.json.gz", profile)]
+    assert "profile.json.gz" not in in_process and in_process
+    report = json.loads((Path(result.options.out_dir) / "report.json").read_text())
+    (trace,) = [i for i in report["inputs"] if i["path"].endswith("profile.json.gz")]
+    assert trace["ok"] and trace["kind"] == "trace", trace
+    assert result.report is not None and result.report.findings[0].rule == "graph-retention"
+
+
+def _nice_of(pid: int) -> int | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[16])  # field 19 of stat: nice
+
+
+def _big_trace(path: Path, events: int) -> None:
+    rows = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 50}", "pid": 1, "tid": 1,
+             "ts": i * 2.0, "dur": 1.0} for i in range(events)]
+    path.write_text(json.dumps({"traceEvents": rows}))
+
+
+def test_the_worker_loads_at_the_lowest_priority_until_nothing_is_measured(tmp_path: Path) -> None:
+    # GIVEN a trace that takes the worker a while to load
+    path = tmp_path / "profile.json"
+    _big_trace(path, 300_000)
+    loader = preload.Preloader()
+    # WHEN it is loaded aside
+    loader.load_aside(str(path))
+    (aside,) = loader._aside.values()
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and aside.process.is_alive():
+        nice = _nice_of(aside.process.pid)
+        if nice is not None:
+            seen.add(nice)
+        if nice == own + preload.ASIDE_NICE:
+            break
+        time.sleep(0.005)
+    # THEN it runs niced to 19 while phases may measure, with the normal priority once none does
+    assert own + preload.ASIDE_NICE in seen, seen
+    loader.load_behind([str(path)])
+    if aside.process.is_alive():  # given back its priority (root, or CAP_SYS_NICE), or stopped
+        assert _nice_of(aside.process.pid) in (own, None)
+    # AND its load is the one handed out, as a load in this process would read the file
+    got = loader.taken([str(path)])[str(path)]
+    mine = loaders.load_one(str(path))
+    assert got.ok and got.kind == mine.kind == "trace"
+    assert got.data["events"] == mine.data["events"] == 300_000
+    assert not aside.process.is_alive()
+
+
+def test_a_worker_that_dies_leaves_the_trace_to_the_report(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    _big_trace(path, 200_000)
+    loader = preload.Preloader()
+    loader.load_aside(str(path))
+    (aside,) = loader._aside.values()
+    aside.process.kill()  # the OOM killer, say
+    assert loader.taken([str(path)]) == {}
+
+
+def test_a_diagnosis_that_ends_early_leaves_no_loading_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a target that vanishes after the profile (the loading worker has started)
+    from flight_profiler.diagnose import workflow
+    from flight_profiler.errors import FlightProfilerError
+
+    started: list[Any] = []
+    real_init = preload._Aside.__init__
+
+    def init(self: Any, path: str, sig: Any) -> None:
+        real_init(self, path, sig)
+        started.append(self)
+
+    def vanished(run: Any, phase: Any) -> None:
+        raise workflow.TargetUnusable(FlightProfilerError("the target exited"))
+
+    monkeypatch.setattr(preload._Aside, "__init__", init)
+    phases = [(n, t, vanished if n == "watch" else fn) for n, t, fn in workflow.PHASES]
+    monkeypatch.setattr(workflow, "PHASES", phases)
+    # WHEN it is diagnosed
+    with pytest.raises(FlightProfilerError, match="exited"):
+        run_diagnosis(FakeDriver(), _options(tmp_path, calls=4, duration=0.1))
+    # THEN the worker was stopped with it
+    assert len(started) == 1 and not started[0].process.is_alive()

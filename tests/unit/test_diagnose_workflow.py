@@ -362,15 +362,24 @@ def test_no_method_profiles_a_window_and_skips_method_phases(options: DiagnoseOp
     st = statuses(result)
     assert st["locate"] == st["record"] == st["watch"] == st["trace"] == "skipped"
     assert "no method given" in result.phase("watch").reason
-    assert any(ln.startswith("torch profile --duration 0.1 --steps 10 -f ") for ln in driver.lines)
+    assert any(ln.startswith("torch profile --duration 0.1 --steps 4 -f ") for ln in driver.lines)
 
 
-def _window(steps: dict[str, int], classes: dict[str, str]) -> Handler:
+def _window(steps: dict[str, int], classes: dict[str, str], window_s: float | None = None) -> Handler:
     def profile(words: list[str], on_event: Any) -> dict[str, Any]:
         shutil.copy(TRACES / "cpu_only_tiny.json.gz", words[words.index("-f") + 1])
         return {"mode": "window", "duration_s": 1.5, "optimizer_steps": steps,
-                "optimizer_classes": classes}
+                "optimizer_classes": classes, **({"window_s": window_s} if window_s else {})}
     return profile
+
+
+def test_the_window_steps_rate_is_measured_on_the_window_not_its_stop(options: DiagnoseOptions) -> None:
+    # duration_s takes in torch's post-processing at the stop (seconds for a dense window)
+    options.target = None
+    driver = FakeDriver(overrides={"torch profile": _window(
+        {"#0 Adam": 4}, {"#0 Adam": "torch.optim.adam.Adam"}, window_s=0.5)})
+    result = run_diagnosis(driver, options)
+    assert "Adam.step (4 steps in 0.5s)" in result.phase("profile").data["step"]
 
 
 def test_no_method_measures_gradients_after_the_step_the_window_found(options: DiagnoseOptions) -> None:

@@ -214,6 +214,22 @@ def test_window_mode_sees_other_threads(tmp_path):
     assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"] if e.get("cat") == "cpu_op")
 
 
+def test_a_windows_own_span_is_given_apart_from_its_stop(tmp_path, monkeypatch):
+    # duration_s takes in the stop (torch's post-processing: seconds for a dense window); rates
+    # are measured on window_s
+    from flight_profiler.agent.commands import torch_profile
+
+    real = torch_profile.stop_profiler
+
+    def slow_stop(prof: Any) -> None:
+        time.sleep(0.5)
+        real(prof)
+
+    monkeypatch.setattr(torch_profile, "stop_profiler", slow_stop)
+    result, _ = run_handler("torch profile", {"duration": 0.3, "path": str(tmp_path / "w.json")})
+    assert 0.3 <= result["window_s"] < 0.5 <= result["duration_s"] - result["window_s"] + 0.05, result
+
+
 @pytest.mark.parametrize("loop", ["optimizer", "hand-written", "inference"])
 def test_a_window_with_steps_ends_once_every_optimizer_stepped(tmp_path, loop, monkeypatch):
     # A loop stepping ~100 times a second: --steps 20 ends a 20 s window after its 1 s floor.

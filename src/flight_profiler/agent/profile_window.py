@@ -191,6 +191,7 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
                 break
     finally:
         ctx.remove_hooks()  # no new mark once the session ends
+        window_s = time.monotonic() - started
         if use_cuda:
             torch.cuda.synchronize()
         stop_profiler(prof)
@@ -198,7 +199,8 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
         "target": target.description, "calls_requested": calls,
         "calls_recorded": min(marks.finished, marks.entered), "calls_entered": marks.entered,
         "optimizer_steps": marks.optimizer_steps(), "all_threads": True,
-        "duration_s": round(time.monotonic() - started, 3), "timed_out": timed_out,
+        "duration_s": round(time.monotonic() - started, 3), "window_s": round(window_s, 3),
+        "timed_out": timed_out,
         "cancelled": cancelled,
     }
     if marks.entered == 0:

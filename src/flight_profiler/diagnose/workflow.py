@@ -15,7 +15,8 @@ memory summary and the "before" snapshot are taken just inside that window (the 
 there on a fast loop, so they cost no wall time), the "after" snapshot after it; the profile
 comes before watch/trace so that their hooks cannot distort it. While it waits, the workflow
 loads the artefacts already written for the report (preload.Preloader), which it would
-otherwise do after the last phase.
+otherwise do after the last phase; the profile's trace is loaded by a worker process of the
+lowest CPU priority from the profile phase's end on.
 """
 
 from __future__ import annotations
@@ -79,8 +80,11 @@ HEAVY_WATCH_CALLS = 5
 # Without a method, the --duration window ends once every optimizer stepped this many times
 # (after 1 s at least): whole steps are what the report needs, and a fast loop's 5 s window was
 # millions of events (a DQN stepping 450 times a second: 41 s to stop, export and load, of a
-# 60-66 s diagnosis). A loop without an optimizer keeps the whole window.
-WINDOW_STEPS = 10
+# 60-66 s diagnosis). 4 steps hold 3 whole ones, as the window around a method's calls holds
+# (profile_window.STEPS_WANTED): 10 made a character RNN's window (2.4 steps/s, 100,000 events a
+# step) 4.2 s long and its profile phase 16 s, and the report's loading of it 7.7 s. A loop
+# without an optimizer keeps the whole window.
+WINDOW_STEPS = 4
 # The profile's answer comes after torch exports the trace inside the target: a 5 s with_stack
 # window of a GAN's loop on a loaded 2-core box took longer than the window's own timeout plus
 # the backstop (the phase was cancelled and its trace lost, 1 run in 2 at load 15). The CLI's
@@ -313,7 +317,8 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
             steps = ", ".join(f"optimizer {k}: {n} steps"
                               for k, n in (result.get("optimizer_steps") or {}).items())
             phase.data["mode"] = (f"all threads around {result.get('calls_entered')} calls of "
-                                  f"{o.target.label}, {result.get('duration_s')}s"
+                                  f"{o.target.label}, "
+                                  f"{result.get('window_s') or result.get('duration_s')}s"
                                   + (f" ({steps})" if steps else ""))
         elif result.get("holds_step"):
             warm = result.get("warmup_calls")
@@ -332,6 +337,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         phase.data["mode"] = f"{o.duration:g}s window ({why})"
         _window_step(run, phase, result)
     expect_file(phase, path)
+    run.preloader.load_aside(path)  # at the lowest CPU priority, while the next phases measure
 
 
 # Optimizer steps a window must have seen for its optimizer to stand for the step afterwards.
@@ -353,7 +359,7 @@ def _window_step(run: Run, phase: PhaseResult, result: dict[str, Any]) -> None:
         return
     count, path = min(seen)
     module, _, name = path.rpartition(".")
-    duration = float(result.get("duration_s") or 0.0)
+    duration = float(result.get("window_s") or result.get("duration_s") or 0.0)
     nameable = bool(module) and all(part.isidentifier() for part in (*module.split("."), name))
     if count < WINDOW_STEP_MIN or not nameable or duration <= 0:
         return
@@ -560,18 +566,22 @@ def run_diagnosis(driver: Driver, options: DiagnoseOptions, progress: Progress |
     result = DiagnoseResult(options, attach_seconds=attach_seconds)
     run = Run(driver, options, progress)
     total = len(PHASES) + 1  # + the report
-    for index, (name, title, fn) in enumerate(PHASES, 1):
-        progress.phase(index, total, title)
-        try:
-            phase = _run_phase(run, name, title, fn)
-        except TargetUnusable as exc:
-            progress.close()
-            raise exc.error from None
-        result.phases.append(phase)
-        run.artefacts.extend(phase.files)
-        progress.done(phase)
-        if name == LOAD_BEHIND_AFTER:
-            run.preloader.load_behind(run.artefacts)
+    try:
+        for index, (name, title, fn) in enumerate(PHASES, 1):
+            progress.phase(index, total, title)
+            try:
+                phase = _run_phase(run, name, title, fn)
+            except TargetUnusable as exc:
+                progress.close()
+                raise exc.error from None
+            result.phases.append(phase)
+            run.artefacts.extend(phase.files)
+            progress.done(phase)
+            if name == LOAD_BEHIND_AFTER:
+                run.preloader.load_behind(run.artefacts)
+    except BaseException:
+        run.preloader.close()  # no loading worker outlives a diagnosis that ended here
+        raise
     from flight_profiler.diagnose.outputs import build_report, write_diagnose_json
 
     progress.phase(total, total, "Report")
