@@ -17,8 +17,8 @@ phase, in a worker process of the lowest CPU priority (``load_aside``), while th
 measure time run. Niced to 19, it takes a core only where the target leaves one idle, so it skews
 no figure; once nothing is measured any more (``load_behind``) it is given back the normal
 priority, or, where that is not allowed (no CAP_SYS_NICE), stopped and the trace loaded in the
-thread as before. A character RNN's with_stack trace (8-12 MB compressed) took 2.5-4.3 s of its
-report this way.
+thread as before. A character RNN's with_stack trace (8-21 MB compressed) took 3.0-8.3 s of its
+report when it was loaded after the last census; 0.1-0.2 s is left.
 
 Only in a directory that no one else may write: there (root diagnosing another user's job)
 evidence.analyze_artefacts reads each artefact once, through a checked descriptor, and a file
