@@ -449,3 +449,75 @@ def test_a_loop_that_calls_the_module_ddp_wraps_is_seen(tmp_path, bypass):
         assert "ddp_model(inputs)" in found[0].fix[0] and "2 ranks" in found[0].summary
     else:
         assert found == []
+
+
+NAME_CLASSIFIER = """
+import time
+
+import torch
+import torch.nn as nn
+
+class RNN(nn.Module):
+    # the PyTorch tutorial's name classifier: forward once per letter, a hand-written update
+    def __init__(self, input_size, hidden_size, output_size):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.i2h = nn.Linear(input_size + hidden_size, hidden_size)
+        self.i2o = nn.Linear(input_size + hidden_size, output_size)
+        self.softmax = nn.LogSoftmax(dim=1)
+
+    def forward(self, input, hidden):
+        combined = torch.cat((input, hidden), 1)
+        return self.softmax(self.i2o(combined)), self.i2h(combined)
+
+rnn = RNN(57, 32, 18)
+criterion = nn.NLLLoss()
+
+def train(zero_grad, letters=30):
+    hidden = torch.zeros(1, rnn.hidden_size)
+    if zero_grad:
+        rnn.zero_grad()
+    for i in range(letters):
+        output, hidden = rnn(torch.randn(1, 57), hidden)
+        time.sleep(0.001)  # a letter's worth of the tutorial's input work
+    loss = criterion(output, torch.tensor([3]))
+    loss.backward()
+    for p in rnn.parameters():
+        p.data.add_(p.grad.data, alpha=-0.005)
+    return output, loss.item()
+"""
+
+
+@pytest.mark.parametrize("zero_grad", [True, False])
+def test_a_forward_called_per_letter_sees_whether_the_loop_zeroes(tmp_path, zero_grad):
+    # 4 forward calls of one name are all in before its one backward: one backward pass said
+    # nothing of zeroing, so the tutorial's forgotten rnn.zero_grad() (its loss NaN soon after)
+    # got the NaN's fix instead of zero_grad's, in some runs (issue 18)
+    module = types.ModuleType("fp_name_rnn")
+    module.__file__ = "/nonexistent/fp_name_rnn.py"
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(textwrap.dedent(NAME_CLASSIFIER), module.__file__, "exec"), module.__dict__)
+        module.train(True)
+        if not zero_grad:  # what accumulating without zero_grad comes to: an overflowed .grad
+            module.rnn.i2o.bias.grad.fill_(float("inf"))
+        out = tmp_path / "g.json"
+        run_handler("torch grads", {"target": spec("fp_name_rnn", "forward", "RNN"), "calls": 4,
+                                    "timeout": 30, "path": str(out)}, lambda: module.train(zero_grad))
+        doc = json.loads(out.read_text())
+    finally:
+        sys.modules.pop(module.__name__, None)
+        module.__dict__.clear()
+        gc.collect()
+    zeroing = doc["zeroing"]
+    assert zeroing["waited_for_backward_s"] < 2.0, zeroing
+    findings = grad_health.findings_for(doc, "g.json")
+    if zero_grad:
+        assert zeroing["module_zero_grad_calls"][0] >= 1, zeroing
+        assert findings == [], [f.title for f in findings]
+    else:
+        assert zeroing["backward_calls"] >= 2 and zeroing["module_zero_grad_calls"] == [0], zeroing
+        patterns = {f.metrics.get("pattern") for f in findings}
+        assert "grads-accumulating" in patterns, [f.title for f in findings]
+        accumulating = next(f for f in findings if f.metrics.get("pattern") == "grads-accumulating")
+        assert accumulating.severity == "critical" and "rnn.zero_grad()" in accumulating.fix[0]

@@ -98,7 +98,8 @@ class _Run:
         autograd = self.measurements[-1].get("autograd") or {}
         pending = bool(autograd.get("grad_enabled") and autograd.get("saved_tensors") and not autograd.get("unpacked"))
         started = time.monotonic()
-        while pending and watch.backwards == last and time.monotonic() - started < seconds:
+        while ((pending and watch.backwards == last) or _one_step_unzeroed(watch)) \
+                and time.monotonic() - started < seconds:
             if ctx.wait(0.02):
                 break
         came = watch.backwards > last
@@ -150,6 +151,20 @@ class _Run:
         self.models = None
         self.costs = []
         self.scalers = []
+
+
+def _one_step_unzeroed(watch: optim_watch.OptimWatch) -> bool:
+    """One backward pass (or one optimizer step) and no zero_grad call seen yet: whether the
+    loop zeroes its gradients takes two. Calls of a method run many times a step (a character
+    RNN's forward, once per letter) are all in before its one backward; without the second,
+    a loop that never zeroes read as unobserved and its NaN loss got the NaN's fix instead of
+    zero_grad's (issue 18). A zeroing loop calls zero_grad between the two and ends the wait
+    there; the wait costs at most one more step, within the backward wait's bound."""
+    with watch.lock:
+        if watch.zero_grads or watch.module_zero_grads:
+            return False
+        steps = sum(watch.steps.values())
+        return watch.backwards == 1 or steps == 1
 
 
 def handle_grads(ctx: Context) -> dict[str, Any]:
