@@ -1,9 +1,9 @@
 """`diagnose` on realistic programs written the way the field's tutorials write them
 (tests/integration/real_programs: an LSTM language model, a DCGAN, an LBFGS sequence model, a
 Transformer with gradient accumulation, an AMP classifier, a VAE, an actor-critic, a character RNN,
-a DQN, a neural style transfer, MNIST, a PINN trained by one long LBFGS step, a character-level
-GRU text generator, a WGAN-GP, a two-rank DDP trainer under torchrun, the DDP tutorial's model
-under torch.multiprocessing.spawn),
+a DQN, a neural style transfer, a fine-tuned ResNet (the transfer-learning tutorial), MNIST, a
+PINN trained by one long LBFGS step, a character-level GRU text generator, a WGAN-GP, a two-rank
+DDP trainer under torchrun, the DDP tutorial's model under torch.multiprocessing.spawn),
 healthy and with one classic mistake, pointed at the model's `forward`, at the step, and at
 nothing, as users do.
 

@@ -521,3 +521,108 @@ def test_a_forward_called_per_letter_sees_whether_the_loop_zeroes(tmp_path, zero
         assert "grads-accumulating" in patterns, [f.title for f in findings]
         accumulating = next(f for f in findings if f.metrics.get("pattern") == "grads-accumulating")
         assert accumulating.severity == "critical" and "rnn.zero_grad()" in accumulating.fix[0]
+
+
+FINE_TUNING = """
+import torch
+import torch.nn as nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+def build(freeze, model_zero_grad=False):
+    global model_conv, optimizer_conv, zero_model
+    model_conv = Net()
+    if freeze:
+        for param in model_conv.parameters():
+            param.requires_grad = False
+    model_conv.fc = nn.Linear(8, 2)
+    optimizer_conv = torch.optim.SGD(model_conv.fc.parameters(), lr=0.001, momentum=0.9)
+    zero_model = model_zero_grad
+
+def step():
+    inputs, labels = torch.randn(4, 3, 8, 8), torch.randint(0, 2, (4,))
+    (model_conv.zero_grad if zero_model else optimizer_conv.zero_grad)()
+    with torch.set_grad_enabled(True):
+        loss = nn.functional.cross_entropy(model_conv(inputs), labels)
+        loss.backward()
+        optimizer_conv.step()
+"""
+
+
+@pytest.mark.parametrize("case", ["frozen", "unfrozen", "unfrozen, model.zero_grad()"])
+def test_a_backbone_left_unfrozen_beside_an_optimizer_over_the_head_is_named(tmp_path, case):
+    # the fine-tuning tutorial's "fixed feature extractor" with its freezing loop left out: the
+    # optimizer gets fc's parameters only; the backbone's gradients are computed every backward
+    # and, its zero_grad() clearing only fc, add up. The model is stepped (by fc), so the
+    # whole-model check said nothing.
+    module = types.ModuleType("fp_fine_tuning")
+    module.__file__ = "/nonexistent/fp_fine_tuning.py"
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(textwrap.dedent(FINE_TUNING), module.__file__, "exec"), module.__dict__)
+        module.build(freeze=case == "frozen", model_zero_grad="model.zero_grad" in case)
+        out = tmp_path / "g.json"
+        run_handler("torch grads", {"target": spec("fp_fine_tuning", "step"), "calls": 4,
+                                    "timeout": 30, "path": str(out)}, module.step)
+        doc = json.loads(out.read_text())
+    finally:
+        sys.modules.pop(module.__name__, None)
+        module.__dict__.clear()
+        gc.collect()
+    findings = grad_health.findings_for(doc, "g.json")
+    if case != "unfrozen":
+        assert findings == [], [f.title for f in findings]
+        return
+    (f,) = findings
+    assert f.metrics["pattern"] == "unstepped-layers" and f.severity == "warning", f.title
+    assert f.metrics["layers"] == ["features.0.weight", "features.0.bias"]
+    assert f.metrics["numel"] == 8 * 3 * 3 * 3 + 8
+    assert "fc" in f.summary and "model_conv.parameters(): param.requires_grad = False" in f.fix[0]
+    norms = f.metrics["grad_norms"]  # sums of random gradients: changing, not always rising
+    assert len(norms) == 4 and len(set(norms)) == 4, norms
+    assert hooks.active() == []
+
+
+def test_unstepped_layers_in_a_hostile_grads_file_are_refused(tmp_path):
+    from flight_profiler.report import grads
+
+    doc = {"format": "flight_profiler.grads", "version": 1,
+           "models": [{"name": "m", "class": "Net", "numel": 10, "params": 2,
+                       "layers": [{"name": "w", "shape": [10]}], "unstepped_layers": [-1]}],
+           "measurements": []}
+    with pytest.raises(grads.GradsFormatError, match=r"unstepped_layers\[0\]"):
+        grads.parse_grads(json.dumps(doc))
+    doc["models"][0]["unstepped_layers"] = [0]
+    assert grads.parse_grads(json.dumps(doc))["models"][0]["unstepped_layers"] == [0]
+
+
+def test_a_model_s_unstepped_layers_do_not_make_its_stepped_ones_explode():
+    # the unfrozen backbone's gradients add up without bound; measured over the whole model
+    # they read "gradient norm explodes: clip it, lower the learning rate" (the transfer-learning
+    # program's mistake before), a wrong fix beside the right one. The head alone is judged.
+    backbone = [1.0, 40.0, 80.0, 120.0]
+    rows = [[[b, b, 0, 0, 5.0], [0.5, 0.5, 0, 0, 1.0]] for b in backbone]
+    doc = {"models": [{"name": "__main__.model_conv", "class": "ResNet", "numel": 110, "params": 2,
+                       "layers": [{"name": "conv1.weight", "shape": [100], "numel": 100},
+                                  {"name": "fc.weight", "shape": [10], "numel": 10}],
+                       "unstepped_layers": [0]}],
+           "measurements": [{"models": [{"grad_norm": (b * b + 0.25) ** 0.5, "with_grad": 2, "layers": r}]}
+                            for b, r in zip(backbone, rows)],
+           "optimizers": [{"class": "torch.optim.sgd.SGD", "params": 1, "model": 0, "models": [0],
+                           "steps": 4, "zero_grad_calls": 4}],
+           "zeroing": {"observed": True, "module_zero_grad_calls": [0], "backward_calls": 4}}
+    assert [f.metrics["pattern"] for f in grad_health.findings_for(doc, "g.json")] == ["unstepped-layers"]
+    # the head itself exploding is still said, on its own norms
+    for m, k in zip(doc["measurements"], (1, 10, 100, 1000)):
+        m["models"][0]["layers"][1][0] = 0.5 * k
+    patterns = [f.metrics["pattern"] for f in grad_health.findings_for(doc, "g.json")]
+    assert sorted(patterns) == ["exploding", "unstepped-layers"], patterns
+    exploding = next(f for f in grad_health.findings_for(doc, "g.json") if f.metrics["pattern"] == "exploding")
+    assert exploding.metrics["grad_norms"] == [0.5, 5.0, 50.0, 500.0]

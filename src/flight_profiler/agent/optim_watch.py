@@ -98,8 +98,10 @@ class OptimWatch:
             self.steps[id(optimizer)] = self.steps.get(id(optimizer), 0) + 1
 
 
-def find_optimizers(torch: Any, param_owner: dict[int, int], module_ids: list[set[int]]) -> list[dict[str, Any]]:
-    """Optimizers alive in the target, each with the index of the model whose params it steps."""
+def find_optimizers(torch: Any, param_owner: dict[int, int], module_ids: list[set[int]],
+                    held: set[int] | None = None) -> list[dict[str, Any]]:
+    """Optimizers alive in the target, each with the index of the model whose params it steps;
+    ``held`` (when given) gets the ids of every parameter an optimizer holds."""
     opt_type = getattr(getattr(torch, "optim", None), "Optimizer", None)
     if opt_type is None:
         return []
@@ -110,6 +112,8 @@ def find_optimizers(torch: Any, param_owner: dict[int, int], module_ids: list[se
             lr = o.param_groups[0].get("lr") if o.param_groups else None
         except Exception:
             continue
+        if held is not None:
+            held.update(ids)
         owners = [param_owner[i] for i in ids if i in param_owner]
         model = max(set(owners), key=owners.count) if owners else None
         out.append({"id": id(o), "class": f"{type(o).__module__}.{type(o).__qualname__}",

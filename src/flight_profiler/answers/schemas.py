@@ -164,7 +164,8 @@ GRADS = Rule(Obj(optional={
     **_FILE, **_CALLS,
     "models": ListOf(Obj(required={"name": TEXT, "class": TEXT, "numel": INT, "params": INT},
                          optional={"layers": ListOf(Obj(required={"name": TEXT,
-                                                                  "shape": ListOf(INT)}))})),
+                                                                  "shape": ListOf(INT)})),
+                                   "unstepped_layers": ListOf(INT)})),
     "measurements": ListOf(Obj(required={"models": ListOf(_MODEL_FIGURES)},
                                optional={"autograd": Obj(optional={
                                    "grad_enabled": BOOL, "saved_bytes": INT,

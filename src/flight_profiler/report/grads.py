@@ -147,6 +147,8 @@ def _model(where: str, m: Any) -> None:
         for k, d in enumerate(_list(f"{at}.shape", layer.get("shape"))):
             _count(f"{at}.shape[{k}]", d, optional=False)
         _count(f"{at}.numel", layer.get("numel"))
+    for i, index in enumerate(_list(f"{where}.unstepped_layers", m.get("unstepped_layers"))):
+        _count(f"{where}.unstepped_layers[{i}]", index, optional=False)
 
 
 def _figures(where: str, f: Any) -> None:

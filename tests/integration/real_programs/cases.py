@@ -159,6 +159,16 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
               "feature extractor (an nn.Sequential) whose loss modules store self.loss at each "
               "forward; no trainable model"),
     Program(
+        "transfer_learning", r"train Loss",
+        forward=("__main__", "ResNet", "forward"), step=("torch.optim.sgd", "SGD", "step"),
+        mistake=Expected(("grad-health",), holder="conv1.weight", fix=("requires_grad = False",),
+                         why="the backbone's freezing loop left out while the optimizer gets "
+                             "model_conv.fc.parameters() only: backward fills and adds up the "
+                             "backbone's gradients, which the optimizer neither steps nor zeroes"),
+        notes="the PyTorch transfer-learning tutorial's fixed feature extractor: train_model() "
+              "with a train and a val phase per epoch under set_grad_enabled, DataLoaders of 2 "
+              "workers, a StepLR, the best weights deep-copied"),
+    Program(
         "mnist", r"Train Epoch: 1 \[3200/",
         forward=("__main__", "Net", "forward"), step=("torch.optim.adadelta", "Adadelta", "step"),
         mistake=Expected(("dataloader-bottleneck",), fix=("num_workers",),

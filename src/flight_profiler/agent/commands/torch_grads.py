@@ -137,7 +137,10 @@ class _Run:
             for index, (module, params) in enumerate(self.models):
                 owner.update((id(p), index) for _, p in params)
                 self.model_ids.append({id(m) for m in module.modules()})
-            self.optimizers = optim_watch.find_optimizers(torch, owner, self.model_ids)
+            held: set[int] = set()
+            self.optimizers = optim_watch.find_optimizers(torch, owner, self.model_ids, held)
+            if self.optimizers:
+                _mark_unstepped(self.described, self.models, held)
             self.ddp = optim_watch.ddp_models(torch, [module for module, _ in self.models])
             self.scalers = optim_watch.find_grad_scalers(torch)
         self.measurements.append({
@@ -151,6 +154,19 @@ class _Run:
         self.models = None
         self.costs = []
         self.scalers = []
+
+
+def _mark_unstepped(described: list[dict[str, Any]], models: list[tuple[Any, list[tuple[str, Any]]]],
+                    held: set[int]) -> None:
+    """On each model some optimizer steps, the layers (indexes into its ``layers``) whose
+    parameters require grad but no optimizer holds: the fine-tuning tutorial's backbone left
+    unfrozen while the optimizer gets only ``fc.parameters()``. Every backward computes their
+    gradients, which nothing uses and the optimizer's zero_grad does not clear."""
+    for doc, (_, params) in zip(described, models):
+        shown = params[:grad_stats.MAX_LAYERS]
+        if not any(id(p) in held for _, p in shown):
+            continue  # no optimizer steps this model: the whole-model case (grad-health)
+        doc["unstepped_layers"] = [i for i, (_, p) in enumerate(shown) if id(p) not in held]
 
 
 def _one_step_unzeroed(watch: optim_watch.OptimWatch) -> bool:

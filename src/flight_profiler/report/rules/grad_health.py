@@ -36,7 +36,12 @@ def variable(name: str) -> str:
     return expr if _EXPR.fullmatch(expr) else "model"
 
 
-def _series(doc: dict[str, Any], index: int) -> list[float | None]:
+def _series(doc: dict[str, Any], index: int, without: set[int] | None = None) -> list[float | None]:
+    """The model's total grad norm per measurement; ``without`` those layers (from the rows)."""
+    if without:
+        count = len(doc["models"][index].get("layers") or [])
+        kept = [i for i in range(count) if i not in without]
+        return [_layers_norm(m, index, kept) for m in doc["measurements"]]
     return [num(m["models"][index].get("grad_norm")) for m in doc["measurements"]]
 
 
@@ -99,12 +104,15 @@ def findings_for(doc: dict[str, Any], name: str) -> list[Finding]:
     out: list[Finding] = []
     for index, model in enumerate(doc["models"]):
         unstepped = _unstepped(doc, name, index, model)
-        found = _model_findings(doc, name, index, model)
-        if unstepped:
+        part = _unstepped_layers(doc, name, index, model)
+        # The stepped layers alone are judged for accumulation and explosion: the total norm
+        # grows with the unstepped ones' gradients, which nothing zeroes.
+        found = _model_findings(doc, name, index, model, set(part[0].metrics["indexes"]) if part else None)
+        if unstepped or (part and model.get("layers_left_out")):
             # Its norms grow because nothing zeroes what nothing uses: "accumulating, call
             # zero_grad" or "exploding, clip" would name the symptom and the wrong fix.
             found = [f for f in found if f.metrics.get("pattern") == "non-finite"]
-        out.extend(unstepped + found)
+        out.extend(unstepped + found + part)
         out.extend(_unread(doc, name, index, model))
         out.extend(_ddp_bypassed(doc, name, index, model))
     return out
@@ -223,6 +231,82 @@ def _unstepped(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]
                  "backward_calls": backwards})]
 
 
+def _layers_norm(measurement: dict[str, Any], index: int, layers: list[int]) -> float | None:
+    """The L2 norm over ``layers``' gradients at one measurement (None: none has a gradient)."""
+    rows = measurement["models"][index].get("layers") or []
+    norms = [num(rows[i][0]) for i in layers if i < len(rows) and isinstance(rows[i], list) and rows[i]]
+    found = [v for v in norms if v is not None]
+    return math.sqrt(sum(v * v for v in found)) if found else None
+
+
+def _unstepped_layers(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
+    """Parameters of a model an optimizer steps that no optimizer holds, whose gradients
+    backward() writes: the fine-tuning tutorial's "fixed feature extractor" with its freezing
+    loop left out (the optimizer gets `model.fc.parameters()`, the backbone keeps
+    requires_grad). Each backward computes the backbone's gradients for nothing and, since the
+    optimizer's zero_grad() clears only its own parameters, adds them up without bound.
+
+    Proof as for a whole unstepped model: watched optimizers step, none holds these parameters,
+    no model.zero_grad() reached this model, backward passes ran, and the gradients of those
+    parameters changed between measurements (written now)."""
+    z = doc.get("zeroing") or {}
+    layers = [i for i in model.get("unstepped_layers") or [] if isinstance(i, int) and i >= 0]
+    opts = doc.get("optimizers") or []
+    if not layers or not z.get("observed") or not opts:
+        return []
+    if sum(int(o.get("steps") or 0) for o in opts) < 2 and int(z.get("backward_calls") or 0) < 2:
+        return []
+    calls = z.get("module_zero_grad_calls") or []
+    if index < len(calls) and int(calls[index] or 0) > 0:
+        return []
+    series = [_layers_norm(m, index, layers) for m in doc["measurements"]]
+    norms = [v for v in series if v is not None]
+    if len(norms) < 2 or not any(b != a for a, b in zip(norms, norms[1:])):
+        return []
+    described = model.get("layers") or []
+    names = [str(described[i].get("name")) for i in layers if i < len(described)]
+    numel = sum(int(described[i].get("numel") or 0) for i in layers if i < len(described))
+    share = 100.0 * numel / model["numel"] if model.get("numel") else None
+    short = variable(model["name"])
+    unstepped = set(layers)
+    stepped = sorted({str(layer.get("name")).rsplit(".", 1)[0]
+                      for j, layer in enumerate(described) if j not in unstepped})
+    shown = ", ".join(_fmt(v) for v in series)
+    listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return [Finding(
+        rule="grad-health", severity="warning",
+        title=f"backward() writes gradients into {len(layers)} parameter tensors of {model['name']} "
+              "that no optimizer steps",
+        summary=(f"The optimizers step only part of {model['name']} ({', '.join(stepped[:4]) or 'some layers'}); "
+                 f"{len(layers)} of its parameter tensors ({numel:,} values"
+                 + ("" if share is None else ", nearly all of the model" if share >= 99.5
+                    else f", {share:.0f}% of the model")
+                 + f") still require grad, so every backward() computes their gradients, which nothing "
+                 f"uses and the optimizers' zero_grad() does not clear: their norm went {shown}."),
+        evidence=[f"grad norm of the unstepped parameters per measurement: {shown}",
+                  f"unstepped parameters: {listed}",
+                  f"optimizers watched: {', '.join(o['class'].rsplit('.', 1)[-1] for o in opts)}; "
+                  f"none holds those parameters",
+                  f"backward passes while measured: {z.get('backward_calls')}; "
+                  f"{short}.zero_grad() calls: 0"],
+        where=[f"{model['name']} ({model['class']}, {model['numel']:,} parameters)",
+               *(f"parameter {n}" for n in names[:6]),
+               *([f"measured after each call of {doc['target']}"] if doc.get("target") else [])],
+        root_cause=("The optimizer was given only some of the model's parameters (a new head, "
+                    "`model.fc.parameters()`) while the rest still require grad: backward() "
+                    "computes gradients for all of them (the backbone's backward compute and a "
+                    ".grad as big as it, for nothing), and since the optimizer zeroes only its own "
+                    "parameters, those gradients add up step after step."),
+        fix=[f"Freeze what should not train before building the optimizer: `for param in "
+             f"{short}.parameters(): param.requires_grad = False`, then replace the head (new "
+             "layers require grad), or `layer.requires_grad_(False)` on the frozen part.",
+             "If those layers should train, give their parameters to the optimizer "
+             f"(`optim.SGD({short}.parameters(), ...)`)."],
+        inputs=[name],
+        metrics={"pattern": "unstepped-layers", "model": model["name"], "layers": names, "indexes": layers,
+                 "numel": numel, "grad_norms": norms, "backward_calls": z.get("backward_calls")})]
+
+
 def _unread(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
     """Parameters the agent could not read (meta or fake tensors, a dtype it cannot reduce): a
     quiet verdict must not read as "gradients healthy" over what was never seen."""
@@ -252,9 +336,10 @@ def _fmt(v: float | None) -> str:
     return "none" if v is None else f"{v:.4g}"
 
 
-def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
+def _model_findings(doc: dict[str, Any], name: str, index: int, model: dict[str, Any],
+                    without: set[int] | None = None) -> list[Finding]:
     out: list[Finding] = []
-    norms = _series(doc, index)
+    norms = _series(doc, index, without)
     shown = ", ".join(_fmt(v) for v in norms)
     where = [f"{model['name']} ({model['class']}, {model['numel']:,} parameters)"]
     if doc.get("target"):
