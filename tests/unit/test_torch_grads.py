@@ -4,12 +4,14 @@ thread plays the target's training loop (state in a function's locals, as users 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import sys
 import textwrap
 import types
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,22 @@ from torch_agent_helpers import run_handler, spec  # noqa: E402
 
 from flight_profiler.agent import grad_stats, hooks  # noqa: E402
 from flight_profiler.report.rules import grad_health  # noqa: E402
+
+
+@contextlib.contextmanager
+def program(name: str, source: str) -> Iterator[types.ModuleType]:
+    """``source`` run as module ``name`` (a user's script, which the hooks can import), dropped
+    after."""
+    module = types.ModuleType(name)
+    module.__file__ = f"/nonexistent/{name}.py"
+    sys.modules[name] = module
+    try:
+        exec(compile(textwrap.dedent(source), module.__file__, "exec"), module.__dict__)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+        module.__dict__.clear()
+        gc.collect()
 
 LOOPS = """
 import torch
@@ -76,14 +94,8 @@ class QLearner:
 
 @pytest.fixture
 def loops():
-    module = types.ModuleType("fp_grads_workload")
-    module.__file__ = "/nonexistent/fp_grads_workload.py"
-    sys.modules[module.__name__] = module
-    exec(compile(textwrap.dedent(LOOPS), module.__file__, "exec"), module.__dict__)
-    yield module
-    sys.modules.pop(module.__name__, None)
-    module.__dict__.clear()
-    gc.collect()
+    with program("fp_grads_workload", LOOPS) as module:
+        yield module
 
 
 def _grads(tmp_path: Path, trainer: Any, calls: int = 4, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -340,19 +352,11 @@ def train(chunk_len=12):
 
 
 def _char_rnn_grads(tmp_path: Path) -> dict[str, Any]:
-    module = types.ModuleType("fp_char_rnn")
-    module.__file__ = "/nonexistent/fp_char_rnn.py"
-    sys.modules[module.__name__] = module
-    try:
-        exec(compile(textwrap.dedent(CHAR_RNN), module.__file__, "exec"), module.__dict__)
+    with program("fp_char_rnn", CHAR_RNN) as module:
         out = tmp_path / "g.json"
         run_handler("torch grads", {"target": spec("fp_char_rnn", "forward", "Cell"), "calls": 4,
                                     "timeout": 30, "path": str(out)}, module.train)
         return json.loads(out.read_text())  # type: ignore[no-any-return]
-    finally:
-        sys.modules.pop(module.__name__, None)
-        module.__dict__.clear()
-        gc.collect()
 
 
 def test_calls_of_a_forward_run_many_times_a_step_are_judged_by_the_step_s_backward(tmp_path):
@@ -422,20 +426,14 @@ def test_a_loop_that_calls_the_module_ddp_wraps_is_seen(tmp_path, bypass):
     from flight_profiler.report.rules import grad_health
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    module = types.ModuleType("fp_ddp_loop")
-    module.__file__ = "/nonexistent/fp_ddp_loop.py"
-    sys.modules[module.__name__] = module
     try:
-        exec(compile(textwrap.dedent(DDP_LOOP), module.__file__, "exec"), module.__dict__)
-        out = tmp_path / "g.json"
-        run_handler("torch grads", {"calls": 3, "interval": 0.2, "timeout": 30, "path": str(out)},
-                    lambda: module.step(bypass))
-        doc = json.loads(out.read_text())
+        with program("fp_ddp_loop", DDP_LOOP) as module:
+            out = tmp_path / "g.json"
+            run_handler("torch grads", {"calls": 3, "interval": 0.2, "timeout": 30, "path": str(out)},
+                        lambda: module.step(bypass))
+            doc = json.loads(out.read_text())
     finally:
-        sys.modules.pop(module.__name__, None)
-        module.__dict__.clear()
         dist.destroy_process_group()
-        gc.collect()
     [ddp] = doc["zeroing"]["ddp"]
     assert ddp["world_size"] == 1 and doc["models"][ddp["model"]]["class"].endswith("DistributedDataParallel")
     assert (ddp["forward_calls"] == 0) == bypass, ddp
@@ -493,11 +491,7 @@ def test_a_forward_called_per_letter_sees_whether_the_loop_zeroes(tmp_path, zero
     # 4 forward calls of one name are all in before its one backward: one backward pass said
     # nothing of zeroing, so the tutorial's forgotten rnn.zero_grad() (its loss NaN soon after)
     # got the NaN's fix instead of zero_grad's, in some runs (issue 18)
-    module = types.ModuleType("fp_name_rnn")
-    module.__file__ = "/nonexistent/fp_name_rnn.py"
-    sys.modules[module.__name__] = module
-    try:
-        exec(compile(textwrap.dedent(NAME_CLASSIFIER), module.__file__, "exec"), module.__dict__)
+    with program("fp_name_rnn", NAME_CLASSIFIER) as module:
         module.train(True)
         if not zero_grad:  # what accumulating without zero_grad comes to: an overflowed .grad
             module.rnn.i2o.bias.grad.fill_(float("inf"))
@@ -505,10 +499,6 @@ def test_a_forward_called_per_letter_sees_whether_the_loop_zeroes(tmp_path, zero
         run_handler("torch grads", {"target": spec("fp_name_rnn", "forward", "RNN"), "calls": 4,
                                     "timeout": 30, "path": str(out)}, lambda: module.train(zero_grad))
         doc = json.loads(out.read_text())
-    finally:
-        sys.modules.pop(module.__name__, None)
-        module.__dict__.clear()
-        gc.collect()
     zeroing = doc["zeroing"]
     assert zeroing["waited_for_backward_s"] < 2.0, zeroing
     findings = grad_health.findings_for(doc, "g.json")
@@ -562,20 +552,12 @@ def test_a_backbone_left_unfrozen_beside_an_optimizer_over_the_head_is_named(tmp
     # optimizer gets fc's parameters only; the backbone's gradients are computed every backward
     # and, its zero_grad() clearing only fc, add up. The model is stepped (by fc), so the
     # whole-model check said nothing.
-    module = types.ModuleType("fp_fine_tuning")
-    module.__file__ = "/nonexistent/fp_fine_tuning.py"
-    sys.modules[module.__name__] = module
-    try:
-        exec(compile(textwrap.dedent(FINE_TUNING), module.__file__, "exec"), module.__dict__)
+    with program("fp_fine_tuning", FINE_TUNING) as module:
         module.build(freeze=case == "frozen", model_zero_grad="model.zero_grad" in case)
         out = tmp_path / "g.json"
         run_handler("torch grads", {"target": spec("fp_fine_tuning", "step"), "calls": 4,
                                     "timeout": 30, "path": str(out)}, module.step)
         doc = json.loads(out.read_text())
-    finally:
-        sys.modules.pop(module.__name__, None)
-        module.__dict__.clear()
-        gc.collect()
     findings = grad_health.findings_for(doc, "g.json")
     if case != "unfrozen":
         assert findings == [], [f.title for f in findings]

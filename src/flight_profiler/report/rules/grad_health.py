@@ -180,6 +180,20 @@ def _stepped_models(doc: dict[str, Any]) -> set[int]:
     return out
 
 
+def _trained_unzeroed(doc: dict[str, Any], index: int) -> bool:
+    """Optimizers watched while training ran (2 steps or backward passes) and no
+    model.zero_grad() reached this model: what an optimizer's own zero_grad() does not clear
+    added up meanwhile."""
+    z = doc.get("zeroing") or {}
+    opts = doc.get("optimizers") or []
+    if not z.get("observed") or not opts:
+        return False
+    if sum(int(o.get("steps") or 0) for o in opts) < 2 and int(z.get("backward_calls") or 0) < 2:
+        return False
+    calls = z.get("module_zero_grad_calls") or []
+    return not (index < len(calls) and int(calls[index] or 0) > 0)
+
+
 def _unstepped(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]) -> list[Finding]:
     """Gradients written into a model that no optimizer steps and nothing zeroes: a target
     network, a teacher or a frozen encoder whose forward ran with autograd on (the DQN
@@ -190,15 +204,10 @@ def _unstepped(doc: dict[str, Any], name: str, index: int, model: dict[str, Any]
     holds this model's parameters, no zero_grad() reached it while measured, backward passes ran,
     and its gradient norm changed between measurements (grads written now, not left from an
     earlier phase of the program)."""
-    z = doc.get("zeroing") or {}
-    opts = doc.get("optimizers") or []
-    if not z.get("observed") or not opts or index in _stepped_models(doc):
+    if index in _stepped_models(doc) or not _trained_unzeroed(doc, index):
         return []
-    if sum(int(o.get("steps") or 0) for o in opts) < 2 and int(z.get("backward_calls") or 0) < 2:
-        return []
-    calls = z.get("module_zero_grad_calls") or []
-    if index < len(calls) and int(calls[index] or 0) > 0:
-        return []
+    z = doc["zeroing"]
+    opts = doc["optimizers"]
     norms = [v for v in _series(doc, index) if v is not None]
     if len(norms) < 2 or not any(b != a for a, b in zip(norms, norms[1:])):
         return []
@@ -249,16 +258,11 @@ def _unstepped_layers(doc: dict[str, Any], name: str, index: int, model: dict[st
     Proof as for a whole unstepped model: watched optimizers step, none holds these parameters,
     no model.zero_grad() reached this model, backward passes ran, and the gradients of those
     parameters changed between measurements (written now)."""
-    z = doc.get("zeroing") or {}
     layers = [i for i in model.get("unstepped_layers") or [] if isinstance(i, int) and i >= 0]
-    opts = doc.get("optimizers") or []
-    if not layers or not z.get("observed") or not opts:
+    if not layers or not _trained_unzeroed(doc, index):
         return []
-    if sum(int(o.get("steps") or 0) for o in opts) < 2 and int(z.get("backward_calls") or 0) < 2:
-        return []
-    calls = z.get("module_zero_grad_calls") or []
-    if index < len(calls) and int(calls[index] or 0) > 0:
-        return []
+    z = doc["zeroing"]
+    opts = doc["optimizers"]
     series = [_layers_norm(m, index, layers) for m in doc["measurements"]]
     norms = [v for v in series if v is not None]
     if len(norms) < 2 or not any(b != a for a, b in zip(norms, norms[1:])):
