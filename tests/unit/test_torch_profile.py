@@ -8,8 +8,10 @@ import gzip
 import io
 import json
 import os
+import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -574,4 +576,60 @@ def test_without_a_table_the_trace_is_never_parsed_in_the_target(work, tmp_path,
     trace = load_trace(path)
     assert {"aten::addmm", "aten::mm"} <= {e["name"] for e in trace["traceEvents"] if e.get("cat") == "cpu_op"}
     assert result["top_ops"] is None and "flight_profiler report" not in (result.get("note") or "")
+    assert hooks.active() == []
+
+
+def test_a_window_around_a_method_called_per_character_adds_few_events_of_its_own(tmp_path):
+    # A character RNN's forward runs once per character, hundreds of times a step. The window's
+    # own thread is profiled too (all threads), and torch's stop and export cost ~12 us an event:
+    # woken by every call, its loop was 90,000 of a 450,000-event window. It polls instead.
+    module = types.ModuleType("fp_test_char_rnn")
+
+    class Cell(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x: Any, h: Any) -> Any:
+            return torch.tanh(self.lin(x) + h)
+
+    Cell.__module__ = module.__name__
+    module.Cell = Cell  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    cell = Cell()
+    opt = torch.optim.SGD(cell.parameters(), lr=1e-3)
+    stop = threading.Event()
+
+    def train() -> None:
+        while not stop.is_set():
+            h = torch.zeros(1, 4)
+            for _ in range(100):  # a chunk of characters, then one step
+                h = cell(torch.randn(1, 4), h)
+            h.sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    t = threading.Thread(target=train, name="trainer")
+    t.start()
+    try:
+        result, _ = run_handler("torch profile", {"target": spec(module.__name__, "forward", "Cell"),
+                                                  "calls": 5, "window": True, "duration": 5.0,
+                                                  "path": str(tmp_path / "w.json.gz"), "with_stack": True})
+    finally:
+        stop.set()
+        t.join()
+        del sys.modules[module.__name__]
+    events = load_trace(tmp_path / "w.json.gz")["traceEvents"]
+    trainer = {e["tid"] for e in events if e.get("cat") == "cpu_op"}
+    window = {e["tid"] for e in events if "profile_window.py(" in str(e.get("name"))}
+    marked = sum(1 for e in events if str(e.get("name", "")).startswith("flight_profiler.call#"))
+    ours = sum(1 for e in events if e.get("cat") == "python_function" and e["tid"] in window)
+    assert result["mode"] == "around" and len(trainer) == 1 and marked >= 300, (result, marked)
+    assert len(window) == 1 and not window & trainer
+    # torch's stop and the trace's writing are timed apart, within the whole
+    assert result["stop_s"] > 0 and result["export_s"] > 0, result
+    assert result["stop_s"] <= result["duration_s"] - result["window_s"] + 0.01, result
+    # woken by each call: ~70 events a call (25,000 for 352 here); polled: its hooks' set-up and
+    # a few dozen looks, ~1.3 a call
+    assert ours < 5 * marked, f"{ours} events of the window's own thread for {marked} calls"
     assert hooks.active() == []

@@ -109,13 +109,11 @@ class StepMarks:
         self.backwards = 0
         self.closure_backwards = 0  # of them, those run inside an optimizer's step()
         self.step_codes = optimizer_step_codes(torch)  # every optimizer class's step()
-        self.changed = threading.Event()
 
     # -- the method --------------------------------------------------------------------------
     def on_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         with self._lock:
             self.entered += 1
-        self.changed.set()
         mark = self._record(self._call_name)
         mark.__enter__()
         return mark
@@ -125,7 +123,6 @@ class StepMarks:
             token.__exit__(None, None, None)
         with self._lock:
             self.finished += 1
-        self.changed.set()
 
     # -- backward --------------------------------------------------------------------------
     def on_backward_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -141,7 +138,6 @@ class StepMarks:
             self.backwards += 1
             if token is not None and token[1]:
                 self.closure_backwards += 1
-        self.changed.set()
 
     def backward_steps(self, after: float, elapsed: float) -> int | None:
         """Backward passes as the steps, where no optimizer step ended (yet) in ``elapsed``
@@ -167,7 +163,6 @@ class StepMarks:
                 self.steps[number] += 1
             with self._record(f"{OPTIMIZER_MARK}{number} {self._classes[number]}"):
                 pass
-            self.changed.set()
         except Exception:  # never into the target's step()
             pass
 

@@ -112,7 +112,7 @@ _OP_ROW = Obj(required={"name": TEXT, "count": NUM, "self_cpu": NUM, "cpu_total"
               optional={"self_cuda": NUM, "cuda_total": NUM, "kernels": NUM})
 PROFILE = Obj(optional={
     **_FILE, **_CALLS, "mode": TEXT, "all_threads": BOOL, "duration_s": NUM, "note": TEXT,
-    "ended_by_steps": INT,
+    "window_s": NUM, "stop_s": NUM, "export_s": NUM, "ended_by_steps": INT,
     "top_ops": Obj(optional={"has_cuda": BOOL, "sort_by": TEXT, "operators": INT,
                              "rows": ListOf(_OP_ROW)}),
 })

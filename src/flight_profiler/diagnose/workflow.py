@@ -336,6 +336,7 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         why = "no method given" if o.target is None else f"{o.target.label} was not called"
         phase.data["mode"] = f"{o.duration:g}s window ({why})"
         _window_step(run, phase, result)
+    phase.data.update({k: result[k] for k in ("window_s", "stop_s", "export_s") if k in result})
     expect_file(phase, path)
     run.preloader.load_aside(path)  # at the lowest CPU priority, while the next phases measure
 

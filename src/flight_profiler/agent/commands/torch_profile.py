@@ -92,11 +92,13 @@ def handle_profile(ctx: Context) -> dict[str, Any]:
     notes: list[str] = []
     rows = ctx.arg("row_limit")
     rows = 15 if rows is None else int(rows)
+    exporting = time.monotonic()
     try:
         size, trace = trace_tools.export(prof if isinstance(prof, list) else [prof], path, str(name),
                                          notes, parse=rows > 0)
     finally:
         del prof
+    info["export_s"] = round(time.monotonic() - exporting, 3)
     if trace is None and rows <= 0:
         table = None
     elif trace is None:
