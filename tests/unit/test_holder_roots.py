@@ -210,3 +210,34 @@ def test_a_libraries_local_never_names_what_the_program_holds(tmp_path):
     want = f"{__name__}.census_while_a_library_frame_holds_a_weight() local trainer.model.weight"
     assert want in paths(doc), sorted(paths(doc))
     assert not [p for p in paths(doc) if "pprint" in p], sorted(paths(doc))
+
+
+def test_the_walk_ends_once_the_program_named_everything_and_goes_on_for_what_it_did_not():
+    # The libraries' globals (torch's ~1,000 modules) were most of every census's walk, 0.5 s of
+    # a character RNN's 0.7 s, walked even when the program's own roots had named every tensor.
+    import sys
+
+    from flight_profiler.agent import holder_paths
+
+    program = types.ModuleType("fp_test_program")
+    program.__file__ = "/srv/job/fp_test_program.py"
+    program.weights = [torch.ones(3), torch.ones(4)]  # type: ignore[attr-defined]
+    hidden_in_a_library = torch.ones(5)
+    sys.modules[program.__name__] = program
+    try:
+        named = {id(t): t for t in program.weights}  # type: ignore[attr-defined]
+        w = holder_paths.walk(torch, named, 2_000_000, 12, time.monotonic() + 30)
+        assert {w.path(i)[0] for i in named} == {"fp_test_program.weights[0]", "fp_test_program.weights[1]"}
+        # an object nothing holds keeps the walk going through every library's globals
+        nowhere = torch.ones(2)
+        full = holder_paths.walk(torch, {**named, id(nowhere): nowhere}, 2_000_000, 12,
+                                 time.monotonic() + 30)
+        assert full.path(id(nowhere)) is None and not w.truncated
+        assert w.visited * 2 < full.visited, (w.visited, full.visited)  # no library was walked
+        json._fp_test_cache = hidden_in_a_library  # type: ignore[attr-defined]
+        both = {**named, id(hidden_in_a_library): hidden_in_a_library}
+        w = holder_paths.walk(torch, both, 2_000_000, 12, time.monotonic() + 30)
+        assert w.path(id(hidden_in_a_library))[0] == "json._fp_test_cache"
+    finally:
+        del sys.modules[program.__name__]
+        json.__dict__.pop("_fp_test_cache", None)

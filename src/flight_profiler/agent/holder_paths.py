@@ -289,6 +289,8 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
         if capped:
             _note_caps(child, w.caps)
 
+    wanting = len(wanted)
+
     def bfs() -> bool:
         nonlocal frontier
         depth = 0
@@ -296,6 +298,9 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
             current, frontier = frontier, []
             depth += 1
             for n, obj in enumerate(current):
+                if len(found) >= wanting:  # every one named: nothing left to look for
+                    frontier = []
+                    return True
                 w.visited += 1
                 if w.visited > max_objects:
                     w.truncated = f"object budget of {max_objects} containers reached"
@@ -338,6 +343,10 @@ def walk(torch: Any, wanted: dict[int, Any], max_objects: int, max_depth: int, d
             return w
         for library in (False, True):
             if library:
+                if len(found) >= wanting:
+                    # The program's own roots named every one: the libraries' globals (torch's
+                    # ~1,000 modules, most of a census's walk) could only name them later.
+                    return w
                 globals_of(libraries)
                 if not bfs():
                     break
