@@ -50,7 +50,7 @@ CLOSURE_STEPS_AFTER_S = 1.0
 # How often the window looks at its marks. Its thread is profiled too (all threads), and its
 # stop and export cost torch ~12 us an event: woken by every call of a character RNN's forward
 # (761 in a 1.6 s window), this loop and the Event it waited on were 90,000 of the window's
-# 450,000 events (2.2 s of its 5.8 s stop and export). Polled, a window ends at most this late.
+# 450,000 events (a fifth of its 5.8 s stop and export). Polled, a window ends at most this late.
 POLL_S = 0.02
 
 
