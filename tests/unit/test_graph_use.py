@@ -48,6 +48,14 @@ def _train(model: Any, opt: Any, steps: int) -> None:
         opt.step()
 
 
+def _follow(use: Any, *followed: Any) -> list[Any]:
+    """The hooks torch dataloader installs: the followed forwards, and the backward passes."""
+    from flight_profiler.agent.step_marks import BACKWARD_SPEC
+
+    return [*(hooks.install(t, use.on_enter, use.on_exit) for t in followed),
+            hooks.install(targets.resolve(BACKWARD_SPEC), use.on_backward_enter, use.on_backward_exit)]
+
+
 def _run(no_grad: bool, epochs: int = 3) -> dict[str, Any]:
     mod = types.ModuleType(MOD)
     mod.Net = Net  # type: ignore[attr-defined]
@@ -55,14 +63,15 @@ def _run(no_grad: bool, epochs: int = 3) -> dict[str, Any]:
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     use = graph_use.GraphUse(torch)
-    remove = hooks.install(targets.resolve({"module": MOD, "class": "Net", "method": "forward",
-                                            "nested": None}), use.on_enter, use.on_exit)
+    removes = _follow(use, targets.resolve({"module": MOD, "class": "Net", "method": "forward",
+                                            "nested": None}))
     try:
         for _ in range(epochs):
             _train(model, opt, 10)
             _validate(model, 4, no_grad)
     finally:
-        remove()
+        for remove in removes:
+            remove()
         use.close()
         del sys.modules[MOD]
     # the hooks' own time, which the DataLoader's timed share takes out of the loop
@@ -182,7 +191,7 @@ def test_a_step_named_follows_the_models_forward_wherever_the_loop_calls_it() ->
     named = {"module": MOD, "class": "Net", "method": "forward", "nested": None}
     assert [t.description for t in torch_dataloader._followed(torch, named)] == [f"{MOD}.Net.forward"]
     use = graph_use.GraphUse(torch)
-    removes = [hooks.install(t, use.on_enter, use.on_exit) for t in followed]
+    removes = _follow(use, *followed)
     try:
         for _ in range(3):
             _train(model, opt, 10)
@@ -253,4 +262,72 @@ def test_a_summary_taken_during_a_backward_waits_for_it() -> None:
     assert taken["settled"] is True
     assert s["calls"] == 60 and s["judged"] == 59
     assert s["unused"] == 0 and s["used"] == 59
+    assert graph_use_finding(s, ["diagnose.json"]) is None
+
+
+class Critic(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LeakyReLU(0.2, inplace=True),
+                                         torch.nn.Linear(32, 1))
+
+    def forward(self, x: Any) -> Any:
+        return self.model(x)
+
+
+def test_a_window_closing_between_a_penalty_and_its_backward_judges_nothing_of_that_step() -> None:
+    # PyTorch-GAN's wgan_gp.py: the critic's step calls the generator, the critic on real and
+    # fake images, and the critic again on interpolates whose gradient penalty autograd.grad
+    # reads at once; the step's backward reads the other graphs after. A window closing between
+    # the two judged the three calls before the penalty unread (a later call's graph was read):
+    # an eval-with-grad false alarm on a healthy WGAN (CI of stop 37, "3 of 259 calls").
+    mod = types.ModuleType(MOD)
+    mod.Net, mod.Critic = Net, Critic  # type: ignore[attr-defined]
+    sys.modules[MOD] = mod
+    generator, critic = Net(), Critic()
+    opt_g = torch.optim.Adam(generator.parameters())
+    opt_d = torch.optim.Adam(critic.parameters())
+    use = graph_use.GraphUse(torch)
+    removes = _follow(use, *(targets.resolve({"module": MOD, "class": c, "method": "forward",
+                                              "nested": None}) for c in ("Net", "Critic")))
+
+    def critic_step(close_before_backward: bool) -> None:
+        real = torch.randn(8, 16)
+        opt_d.zero_grad()
+        fake = generator(torch.randn(8, 16)).repeat(1, 4)
+        real_validity, fake_validity = critic(real), critic(fake)
+        alpha = torch.rand(8, 1)
+        inter = (alpha * real + (1 - alpha) * fake.detach()).requires_grad_(True)
+        out = critic(inter)
+        grads = torch.autograd.grad(out, inter, torch.ones_like(out), create_graph=True,
+                                    retain_graph=True)[0]
+        penalty = ((grads.norm(2, dim=1) - 1) ** 2).mean()
+        if close_before_backward:
+            use.close()
+            assert use.settle(1.0)
+            summaries.append(use.summary("Net.forward, Critic.forward"))
+        (-real_validity.mean() + fake_validity.mean() + 10 * penalty).backward()
+        opt_d.step()
+
+    def generator_step() -> None:
+        opt_g.zero_grad()
+        (-critic(generator(torch.randn(8, 16)).repeat(1, 4)).mean()).backward()
+        opt_g.step()
+
+    summaries: list[dict[str, Any]] = []
+    try:
+        for i in range(10):
+            critic_step(False)
+            if i % 5 == 0:
+                generator_step()
+        critic_step(True)
+    finally:
+        for remove in removes:
+            remove()
+        del sys.modules[MOD]
+    (s,) = summaries
+    # 10 critic steps of 4 calls, 2 generator steps of 2, and the last step's 4
+    assert s["calls"] == 48 and s["grad_calls"] == 48
+    # the 44 calls of the finished steps judged and read, none of the last step's
+    assert s["judged"] == 44 and s["used"] == 44 and s["unused"] == 0, s
     assert graph_use_finding(s, ["diagnose.json"]) is None

@@ -7,8 +7,12 @@ also after the call returned. A training forward's graph is read by the backward
 it; an evaluation pass written without ``torch.no_grad()`` saves and nobody ever reads. So, at
 the end of the window: calls with grad on that saved tensors, and whether a backward read any.
 
-A call is judged only when a later call in the same thread had its graph read: the backward of
-the window's last calls may still be to come. Over a window of seconds (diagnose's live look at
+A call is judged only when a later call in the same thread had its graph read, and a backward
+that began after the call (in the same thread) has ended: the backward of the window's last
+calls may still be to come. A later call read is not enough on its own: a WGAN's critic step
+reads its gradient penalty's graph by ``autograd.grad`` before its backward reads the step's
+other graphs, and a window closing between the two judged three healthy calls unread (CI, stop
+37: "3 of 259 calls ... built a graph that no backward ever read"). Over a window of seconds (diagnose's live look at
 the loop) this sees work done once an epoch (a validation pass) that a profile of 3-5 steps only
 holds by chance.
 
@@ -76,6 +80,9 @@ class GraphUse:
         self._depth = threading.local()
         self._lock = threading.Lock()
         self._backwards = 0
+        # Per thread: the calls made before a backward that has since ended (their graphs had a
+        # backward to read them).
+        self._backward_done: dict[int, int] = {}
         # Seconds spent in these hooks (the calls', pack's and unpack's own time): they lengthen
         # the loop the DataLoader's share is timed on meanwhile (NextTimer takes them out): a
         # WGAN's loop followed through both models' forwards, 0.12 s of a 5 s sample. Updated
@@ -165,14 +172,17 @@ class GraphUse:
     def on_backward_enter(self, args: Any, kwargs: Any) -> Any:
         with self._lock:
             self._backwards += 1
-        return True
+            return (threading.get_ident(), len(self.calls))
 
     def on_backward_exit(self, token: Any, value: Any, exc: BaseException | None,
                          elapsed_ns: int) -> None:
         if token is None:
             return
+        thread, made = token
         with self._lock:
             self._backwards -= 1
+            if made > self._backward_done.get(thread, 0):
+                self._backward_done[thread] = made
 
     def settle(self, timeout: float, cancelled: Any = None) -> bool:
         """Wait until no backward seen starting is still running (at most ``timeout`` s);
@@ -188,11 +198,13 @@ class GraphUse:
         """Plain data: calls, those judged, those whose graphs no backward read, and where."""
         with self._lock:
             calls = list(self.calls)
+            done = dict(self._backward_done)
         last_read: dict[int, int] = {}
         for c in calls:
             if c.read:
                 last_read[c.thread] = c.index
-        judged = [c for c in calls if c.grad and c.saved and c.index < last_read.get(c.thread, -1)]
+        judged = [c for c in calls if c.grad and c.saved and c.index < last_read.get(c.thread, -1)
+                  and c.index < done.get(c.thread, 0)]
         unused = [c for c in judged if not c.read]
         run = longest = 0
         for c in judged:
