@@ -290,3 +290,54 @@ def test_a_forked_child_does_not_keep_the_timers_gc_callback() -> None:
         assert timer.on_gc in gc.callbacks  # the parent's request removes its own
     finally:
         gc.callbacks.remove(timer.on_gc)
+
+
+def _ranks_seen(rank: int, world: int, port: int, out: Any) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(port))
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        out.put((rank, dataloader_state.ranks_here()))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_sharing_the_machine_are_counted_from_torchrun_or_a_local_process_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each rank starts its own DataLoader workers on the same CPUs: the fix sizes them to a
+    # rank's share (two ranks on 2 CPUs told "num_workers=2" each would run 4 workers on 2).
+    import socket
+
+    import torch.multiprocessing as mp
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert dataloader_state.ranks_here() == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert dataloader_state.ranks_here() is None
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert dataloader_state.ranks_here() is None  # no process group here
+    # ranks started by torch.multiprocessing.spawn, as the DDP tutorial's demo_basic
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.spawn(_ranks_seen, args=(2, port, out), nprocs=2, join=True)
+    assert sorted(out.get() for _ in range(2)) == [(0, 2), (1, 2)]
+
+
+def test_the_workers_fix_is_sized_to_a_ranks_share_of_the_cpus() -> None:
+    from flight_profiler.report.rules.dataloader_bottleneck import settings_fix
+
+    loader = {"num_workers": 0, "batch_size": 32, "iterators": []}
+    assert "num_workers=2)` (this machine gives the job 2 CPUs)" in settings_fix(loader, cpus=2)[0]
+    (line, *_) = settings_fix(loader, cpus=2, ranks=2)
+    assert "num_workers=1)` (this machine gives the job 2 CPUs, shared by its 2 ranks here: 1 each)" in line
+    busy = {"num_workers": 2, "batch_size": 32, "iterators": [{"workers": [
+        {"cpu_percent": 99.0}, {"cpu_percent": 98.0}]}]}
+    (line, *_) = settings_fix(busy, cost_ms=10.0, period_ms=100.0, cpus=16, ranks=8)
+    assert "about 20 workers, more than the 2 CPUs (this machine gives the job 16 CPUs, shared by " \
+           "its 8 ranks here: 2 each)" in line and "raise `num_workers` to 3" in line

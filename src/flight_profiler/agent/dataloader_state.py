@@ -422,10 +422,36 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    result = {"loaders": loaders, "threads": threads, "sampled_s": round(elapsed, 3), "cpus": cpus}
+    result: dict[str, Any] = {"loaders": loaders, "threads": threads,
+                              "sampled_s": round(elapsed, 3), "cpus": cpus}
+    ranks = ranks_here()
+    if ranks is not None:
+        result["ranks_here"] = ranks
     if timer is not None:
         result["next_timing"] = timer.summary({t.ident or 0: t.name for t in threading.enumerate()})
     return result
+
+
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
+
+
+def ranks_here() -> int | None:
+    """How many ranks of this process's job share this machine's CPUs (their DataLoader
+    workers too): torchrun's LOCAL_WORLD_SIZE, else, for ranks started by
+    ``torch.multiprocessing.spawn`` (the DDP tutorial's ``demo_basic``), the process group's
+    size when its rendezvous is on this machine. None for a job of one process, or when it
+    cannot be told."""
+    with contextlib.suppress(ValueError):
+        n = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
+        return n if n > 1 else None
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or os.environ.get("MASTER_ADDR", "").lower() not in _LOOPBACK:
+        return None
+    try:
+        n = int(dist.get_world_size()) if dist.is_available() and dist.is_initialized() else 0
+    except Exception:  # never into the target: a group being torn down
+        return None
+    return n if n > 1 else None
 
 
 def _forget_gc_callbacks_in_forked_child() -> None:

@@ -91,7 +91,8 @@ def live_findings(result: DiagnoseResult, step: dict[str, Any] | None = None) ->
     timed = live_loop.dataloader_share(phase.data.get("next_timing") or [], loop)
     out = []
     loader = live_loop.dataloader_finding(timed, loop, threads, phase.data.get("loaders") or [],
-                                          method, step, phase.data.get("cpus"), cuda, inputs)
+                                          method, step, phase.data.get("cpus"), cuda, inputs,
+                                          phase.data.get("ranks_here"))
     if loader is not None:
         out.append(loader)
     idle = live_loop.idle_finding(loop, threads, method, inputs)
@@ -110,14 +111,14 @@ def refine_fixes(result: DiagnoseResult, findings: list[Finding]) -> None:
     phase = result.phase("input")
     loaders = (phase.data.get("loaders") if phase is not None else None) or []
     loader = next((d for d in loaders if d.get("iterators")), loaders[0] if loaders else None)
-    if loader is None:
+    if loader is None or phase is None:
         return
     status = result.phase("status")
     cuda = bool(status.data.get("cuda")) if status is not None else False
     for f in findings:
         if f.rule == "dataloader-bottleneck" and not f.metrics.get("busy_share"):
-            f.fix = dataloader_bottleneck.settings_fix(loader, cpus=phase.data.get("cpus") if phase else None,
-                                                       cuda=cuda) + f.fix[2:]
+            f.fix = dataloader_bottleneck.settings_fix(loader, cpus=phase.data.get("cpus"), cuda=cuda,
+                                                       ranks=phase.data.get("ranks_here")) + f.fix[2:]
 
 
 def merge(result: DiagnoseResult, findings: list[Finding], inputs: list[Any] | None = None,

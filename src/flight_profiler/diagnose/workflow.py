@@ -462,6 +462,8 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     phase.data["next_timing"] = result.get("next_timing") or []
     phase.data["sampled_s"] = result.get("sampled_s")
     phase.data["cpus"] = result.get("cpus")
+    if result.get("ranks_here"):
+        phase.data["ranks_here"] = result["ranks_here"]
     if result.get("graph_use"):
         phase.data["graph_use"] = result["graph_use"]
     if watch:

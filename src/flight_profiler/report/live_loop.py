@@ -91,7 +91,7 @@ def _method_role(step: dict[str, Any] | None) -> str | None:
 def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None,
                        threads: list[dict[str, Any]], loaders: list[dict[str, Any]],
                        method: str | None, step: dict[str, Any] | None, cpus: int | None,
-                       cuda: bool, inputs: list[str]) -> Finding | None:
+                       cuda: bool, inputs: list[str], ranks: int | None = None) -> Finding | None:
     loader = next((d for d in loaders if d.get("iterators")), loaders[0] if loaders else None)
     thread = _thread_of(threads, (loop or {}).get("thread") or (timed or {}).get("thread"))
     shares = (thread or {}).get("shares") or {}
@@ -142,7 +142,7 @@ def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None
     top = next((p for p in (thread or {}).get("top") or [] if str(p.get("category", "")).startswith("dataloader")),
                None)
     where = [str(top["where"])] if top and top.get("where") else []
-    fix = settings_fix(loader, cost_ms, period, cpus, cuda) if loader is not None else [
+    fix = settings_fix(loader, cost_ms, period, cpus, cuda, ranks) if loader is not None else [
         "Load in parallel: `DataLoader(..., num_workers=N)`, `persistent_workers=True`."]
     title = (f"The loop waits for the DataLoader: {method} is only "
              f"{float((loop or {}).get('busy_share', 0)):.0%} of it" if period is not None else

@@ -111,9 +111,15 @@ MAX_WAITING_WORKERS = 32
 
 def settings_fix(loader: dict[str, Any], cost_ms: float | None = None,
                  period_ms: float | None = None, cpus: int | None = None,
-                 cuda: bool = False) -> list[str]:
-    """Fix lines that start from the loader's real settings (what to change, from what, to what)."""
+                 cuda: bool = False, ranks: int | None = None) -> list[str]:
+    """Fix lines that start from the loader's real settings (what to change, from what, to what).
+    ``ranks``: how many ranks of the job share the machine's ``cpus`` (each starts its own
+    workers, so each rank's advice is sized to its share)."""
     n = int(loader.get("num_workers") or 0)
+    machine = f"this machine gives the job {cpus} CPUs" if cpus else ""
+    if cpus and ranks and ranks > 1:
+        machine += f", shared by its {ranks} ranks here: {max(1, cpus // ranks)} each"
+        cpus = max(1, cpus // ranks)
     batch = loader.get("batch_size")
     workers = [w for it in loader.get("iterators") or [] for w in it.get("workers") or []]
     cpu = [float(w["cpu_percent"]) for w in workers if isinstance(w.get("cpu_percent"), (int, float))]
@@ -122,7 +128,7 @@ def settings_fix(loader: dict[str, Any], cost_ms: float | None = None,
     if n == 0:
         fix.append("`num_workers=0`: every batch is loaded in the training loop itself. Set "
                    f"`DataLoader(..., num_workers={min(4, cpus or 4)})`"
-                   + (f" (this machine gives the job {cpus} CPUs)" if cpus else "") + ".")
+                   + (f" ({machine})" if machine else "") + ".")
     elif cost_ms and period_ms and cost_ms > 0:
         # Workers deliver one batch per period between them: each needs n * period per batch.
         needed = math.ceil(n * period_ms / cost_ms)
@@ -133,7 +139,8 @@ def settings_fix(loader: dict[str, Any], cost_ms: float | None = None,
         if busy:
             text = f"{head}, and the workers are busy ({cpus_text} CPU). "
             if cpus and needed > cpus:
-                text += (f"Keeping up would take about {needed} workers, more than the {cpus} CPUs: "
+                text += (f"Keeping up would take about {needed} workers, more than the {cpus} CPUs"
+                         + (f" ({machine})" if ranks and ranks > 1 else "") + ": "
                          f"raise `num_workers` to {max(n + 1, cpus - 1)} and make `__getitem__` "
                          "cheaper (pre-process once and cache, decode smaller, augment batched on "
                          "the GPU).")
@@ -147,7 +154,7 @@ def settings_fix(loader: dict[str, Any], cost_ms: float | None = None,
                     "(waiting workers need no CPU), and cache or pre-fetch what it reads.")
         else:
             text = f"{head}. Raise it to `num_workers={max(n + 1, needed)}`" + (
-                f" (this machine gives the job {cpus} CPUs)." if cpus else ".")
+                f" ({machine})." if machine else ".")
         fix.append(text)
     else:
         fix.append(f"`num_workers={n}`: raise it (up to the CPUs available) until the wait is gone.")
