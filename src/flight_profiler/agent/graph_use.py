@@ -11,10 +11,10 @@ A call is judged only when a later call in the same thread had its graph read, a
 that began after the call (in the same thread) has ended: the backward of the window's last
 calls may still be to come. A later call read is not enough on its own: a WGAN's critic step
 reads its gradient penalty's graph by ``autograd.grad`` before its backward reads the step's
-other graphs, and a window closing between the two judged three healthy calls unread (CI, stop
-37: "3 of 259 calls ... built a graph that no backward ever read"). Over a window of seconds (diagnose's live look at
-the loop) this sees work done once an epoch (a validation pass) that a profile of 3-5 steps only
-holds by chance.
+other graphs, and a window closing between the two judged three healthy calls unread (CI of
+stop 37: "3 of 259 calls"). Over a window of seconds (diagnose's live look at the loop) this
+sees work done once an epoch (a validation pass) that a profile of 3-5 steps only holds by
+chance.
 
 Nothing of the target is kept: per call a few integers and the caller's file, line and function
 name (strings). The hook functions stay with the saved tensors of the graphs built during the

@@ -336,6 +336,7 @@ _DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)"
 _MNIST_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ \([^)]*\)\]\tLoss: [\d.e+-]+\tData ([\d.]+)%")
 _VAE_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ .*\tData ([\d.]+)\tTime ([\d.]+)")
 _SPAWN_LINE = re.compile(r"\[rank 0\] \[\d+, +\d+\] loss: [\d.]+\tData ([\d.]+)\tTime ([\d.]+)")
+_TRANSFER_LINE = re.compile(r"\[meter\] (\d+) batches\tData ([\d.]+)\tTime ([\d.]+)")
 _WGAN_LINE = re.compile(r"\[Epoch \d+/\d+\] \[Batch \d+/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 
 
@@ -344,7 +345,8 @@ def own_dataloader_share(name: str, log: str) -> float | None:
     attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
     cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations; ddp_trainer:
     rank 0's last epoch, its training and validation loaders' waits over the epoch; mnist: its
-    Data % over the last logged intervals; wgan_gp, ddp_spawn: seconds per 50 batches)."""
+    Data % over the last logged intervals; wgan_gp, ddp_spawn, transfer_learning: seconds per
+    50 batches)."""
     if name == "amp_classifier":
         rows = [(int(e), int(i) + 1, float(t), float(d)) for e, i, t, d in _AMP_LINE.findall(log)]
         if len(rows) < 2 or rows[-1][0] != rows[-2][0]:
@@ -374,9 +376,12 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         last = rows[-STEADY_INTERVALS:]
         total = sum(t for _, t in last)
         return round(100.0 * sum(d for d, _ in last) / total, 2) if total > 0 else None
-    if name in ("dcgan", "vae"):
-        # the first line's interval holds the workers' start (the first batch's wait): not steady
-        pattern, first = (_DCGAN_LINE, 20) if name == "dcgan" else (_VAE_LINE, 1280)
+    if name in ("dcgan", "vae", "transfer_learning"):
+        # the first line's interval holds the workers' start (the first batch's wait): not steady;
+        # transfer_learning: 50 batches a line, its train and val loaders' workers started anew
+        # every phase (three lines are about an epoch, both phases' starts included)
+        pattern, first = {"dcgan": (_DCGAN_LINE, 20), "vae": (_VAE_LINE, 1280),
+                          "transfer_learning": (_TRANSFER_LINE, 50)}[name]
         rows = [(int(i), float(d), float(t)) for i, d, t in pattern.findall(log) if int(i) > first]
         if len(rows) < STEADY_INTERVALS:
             return None
@@ -390,7 +395,8 @@ def own_dataloader_share(name: str, log: str) -> float | None:
 def steady_dataloader_share(name: str, log: Path, timeout: float = 20.0) -> float | None:
     """own_dataloader_share once the program has logged a steady interval (None for programs
     without meters, or none logged within ``timeout``)."""
-    if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae", "mnist", "wgan_gp", "ddp_spawn"):
+    if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae", "mnist", "wgan_gp", "ddp_spawn",
+                    "transfer_learning"):
         return None
     deadline = time.monotonic() + timeout
     while True:

@@ -6,7 +6,10 @@ scheduler, num_epochs)` running a 'train' and a 'val' phase per epoch in one loo
 `torch.set_grad_enabled(phase == 'train')`, with DataLoaders of 2 workers and the best weights
 kept by `copy.deepcopy(model.state_dict())`. The tutorial downloads a pretrained ResNet-18 and
 the ants/bees images; here a small ResNet of the same shape (its "pretrained" weights are just
-its initial ones) and synthetic 3x32x32 images of two classes.
+its initial ones) and synthetic 3x32x32 images of two classes. Every 50 batches (of either
+phase) a line adds the seconds spent waiting for the DataLoader and those of all batches since
+the last line (the ImageNet example's Data/Time meters): the loader's share measured with no
+tool attached.
 
 --mistake: the freezing loop is left out (a common slip when the tutorial's two parts are
 merged): the backbone keeps requires_grad, so every backward computes and adds up gradients for
@@ -113,6 +116,8 @@ def train_model(model, criterion, optimizer, scheduler, num_epochs=25):
     since = time.time()
     best_model_wts = copy.deepcopy(model.state_dict())
     best_acc = 0.0
+    batches = 0
+    data_time = batch_time = 0.0  # since the last meter line
 
     for epoch in range(num_epochs):
         print(f'Epoch {epoch}/{num_epochs - 1}', flush=True)
@@ -129,7 +134,9 @@ def train_model(model, criterion, optimizer, scheduler, num_epochs=25):
             running_corrects = 0
 
             # Iterate over data.
+            end = time.time()
             for inputs, labels in dataloaders[phase]:
+                data_time += time.time() - end
                 inputs = inputs.to(device)
                 labels = labels.to(device)
 
@@ -151,6 +158,13 @@ def train_model(model, criterion, optimizer, scheduler, num_epochs=25):
                 # statistics
                 running_loss += loss.item() * inputs.size(0)
                 running_corrects += torch.sum(preds == labels.data)
+                batch_time += time.time() - end
+                batches += 1
+                if batches % 50 == 0:
+                    print(f'[meter] {batches} batches\tData {data_time:.3f}\tTime {batch_time:.3f}',
+                          flush=True)
+                    data_time = batch_time = 0.0
+                end = time.time()
             if phase == 'train':
                 scheduler.step()
 
