@@ -341,3 +341,49 @@ def test_the_workers_fix_is_sized_to_a_ranks_share_of_the_cpus() -> None:
     (line, *_) = settings_fix(busy, cost_ms=10.0, period_ms=100.0, cpus=16, ranks=8)
     assert "about 20 workers, more than the 2 CPUs (this machine gives the job 16 CPUs, shared by " \
            "its 8 ranks here: 2 each)" in line and "raise `num_workers` to 3" in line
+
+
+def test_next_timer_counts_starting_an_iterators_workers_as_the_loaders_time() -> None:
+    # GIVEN next() calls each second taking 0.1 s, and iter(loader) at 1.5 s taking 0.2 s (an
+    # epoch's workers started anew)
+    timer = dataloader_state.NextTimer()
+    for start in (0.0, 1.0, 2.0, 3.0):
+        timer.on_exit((start, 0.0, 0.0), None, None, 100_000_000)
+    timer.on_iter_exit((1.5, 0.0, 0.0), None, None, 200_000_000)
+    [row] = timer.summary({})
+    # THEN the start counts in the loop's wait, but not as a batch
+    assert row["batches"] == 3 and row["starts"] == 1 and row["start_s"] == 0.2
+    assert row["share"] == round(0.5 / 3.0, 4)
+    # and iter() calls alone make no loop
+    alone = dataloader_state.NextTimer()
+    for start in (0.0, 1.0, 2.0, 3.0):
+        alone.on_iter_exit((start, 0.0, 0.0), None, None, 100_000_000)
+    assert alone.summary({}) == []
+
+
+class Images(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((8,), float(i))
+
+
+def test_an_epoch_loop_without_persistent_workers_is_timed_with_its_workers_starts() -> None:
+    # The tutorials' loop: `for inputs, labels in dataloaders[phase]` every epoch, 2 workers
+    # started by each iter() (no persistent_workers); a short epoch so that a window holds some.
+    loader = torch.utils.data.DataLoader(Images(), batch_size=16, num_workers=2)
+
+    def epoch() -> None:
+        for batch in loader:
+            batch.sum()
+            time.sleep(0.005)
+
+    result, _ = run_handler("torch dataloader", {"sample": 1.5}, drive=epoch)
+    [timed] = [r for r in result["next_timing"] if r["thread"] == "MainThread"]
+    assert timed["starts"] >= 2 and timed["start_s"] > 0
+    assert timed["batches"] >= 3 * timed["starts"] - 4
+    assert timed["start_s"] < timed["next_s"] <= timed["window_s"]
+    from flight_profiler.agent import hooks
+
+    assert hooks.active() == []  # both timing hooks came off with the request

@@ -104,13 +104,16 @@ def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None
         share = float(timed["share"])
         window_us = float(timed["window_s"]) * 1e6
         cost = cost_of(share * window_us, window_us, "loop time",
-                       f"time in DataLoader next() over {timed['batches']} whole batch periods of "
+                       f"time in DataLoader next() (and iter(), starting workers) over "
+                       f"{timed['batches']} whole batch periods of "
                        f"thread {timed['thread']!r}, timed without the profiler")
         taken = [f"{float(timed[k]):.2f} s of {what}" for k, what in
                  (("gc_s", "garbage collection"), ("hooks_s", "the agent's own hooks"))
                  if isinstance(timed.get(k), (int, float)) and float(timed[k]) >= 0.005]
         evidence.append(f"timed without the profiler: {timed['batches']} batches in "
-                        f"{timed['window_s']:.2f} s, {timed['next_s']:.3f} s of it in next(): "
+                        f"{timed['window_s']:.2f} s, {timed['next_s']:.3f} s of it in next()"
+                        + (f" and {timed['starts']} iter() starting workers ({float(timed.get('start_s') or 0):.3f} s)"
+                           if isinstance(timed.get("starts"), int) else "") + ": "
                         f"{100 * share:.1f}% of the loop"
                         + (f" ({' and '.join(taken)} taken out of both)" if taken else ""))
         if cost.pct < T.dataloader_min_pct:

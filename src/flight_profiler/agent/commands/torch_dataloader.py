@@ -61,13 +61,18 @@ def handle_dataloader(ctx: Context) -> dict[str, Any]:
 
 
 def _timer(ctx: Context) -> dataloader_state.NextTimer | None:
-    """Time the DataLoaders' next() calls while sampling (None where torch has no DataLoader)."""
+    """Time the DataLoaders' next() calls, and iter() where workers start, while sampling (None
+    where torch has no DataLoader)."""
     try:
         target = targets.resolve(dataloader_state.NEXT_SPEC)
     except CommandError:
         return None
     timer = dataloader_state.NextTimer()
     ctx.add_hook("torch dataloader: timing next()", hooks.install(target, timer.on_enter, timer.on_exit))
+    with contextlib.suppress(CommandError):  # a torch whose DataLoader has no __iter__ of its own
+        starts = targets.resolve(dataloader_state.ITER_SPEC)
+        ctx.add_hook("torch dataloader: timing iter()",
+                     hooks.install(starts, timer.on_enter, timer.on_iter_exit))
     gc.callbacks.append(timer.on_gc)
 
     def remove() -> None:
