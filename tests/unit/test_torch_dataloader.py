@@ -114,6 +114,12 @@ def test_cli_parses_and_renders() -> None:
     shown.result(data, Console(file=out, width=200))
     text = out.getvalue()
     assert "num_workers=2" in text and "waiting for DataLoader workers 90%" in text and "12" in text
+    data["next_timing"] = [{"thread": "MainThread", "batches": 50, "next_s": 0.16, "window_s": 2.0,
+                            "share": 0.08, "starts": 1, "start_s": 0.04}]
+    out = io.StringIO()
+    shown.result(data, Console(file=out, width=200))
+    assert ("50 batches in 2.00 s, 0.160 s in next() and iter() (1 iter() starting workers: 0.040 s): "
+            "8.0% of its loop") in out.getvalue()
 
 
 def test_next_timer_counts_whole_batch_periods_only() -> None:

@@ -112,7 +112,8 @@ def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None
                  if isinstance(timed.get(k), (int, float)) and float(timed[k]) >= 0.005]
         evidence.append(f"timed without the profiler: {timed['batches']} batches in "
                         f"{timed['window_s']:.2f} s, {timed['next_s']:.3f} s of it in next()"
-                        + (f" and {timed['starts']} iter() starting workers ({float(timed.get('start_s') or 0):.3f} s)"
+                        + (f" and iter() ({timed['starts']} iter() starting workers: "
+                           f"{float(timed.get('start_s') or 0):.3f} s)"
                            if isinstance(timed.get("starts"), int) else "") + ": "
                         f"{100 * share:.1f}% of the loop"
                         + (f" ({' and '.join(taken)} taken out of both)" if taken else ""))

@@ -260,8 +260,8 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
         console.print(f"DataLoader next() timed on {txt(row.get('thread'), 200)}: "
                       f"{fmt(row.get('batches'), 'd')} batches in {fmt(row.get('window_s'), '.2f')} s, "
                       f"{fmt(row.get('next_s'), '.3f')} s in next()"
-                      + (f" and {fmt(row.get('starts'), 'd')} iter() starts ({fmt(row.get('start_s'), '.3f')} s)"
-                         if row.get("starts") else "") + ": "
+                      + (f" and iter() ({fmt(row.get('starts'), 'd')} iter() starting workers: "
+                         f"{fmt(row.get('start_s'), '.3f')} s)" if row.get("starts") else "") + ": "
                       f"{fmt(100 * float(row.get('share') or 0), '.1f')}% of its loop", highlight=False)
     use = data.get("graph_use")
     if isinstance(use, dict):
