@@ -32,6 +32,13 @@ DIAGNOSE = ("--calls", "5", "--duration", "3", "--timeout", "30")
 
 
 def run_case(tmp_path: Path, name: str, mistake: bool, method: str) -> None:
+    right, why = diagnosed(tmp_path, name, mistake, method)
+    assert right, why
+
+
+def diagnosed(tmp_path: Path, name: str, mistake: bool, method: str) -> tuple[bool, str]:
+    """(right, why) of one diagnosis of a fresh run of the program."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     program = cases.PROGRAMS[name]
     proc = cases.start(program, mistake, log=tmp_path / "program.log")
     # the loader's share by the program's own meters, before the tool attaches: the truth that a
@@ -48,8 +55,7 @@ def run_case(tmp_path: Path, name: str, mistake: bool, method: str) -> None:
     assert code in (0, 9), doc
     failed = cases.failed_phases(doc)
     assert not failed, failed
-    right, why = cases.judge(program, mistake, doc, own)
-    assert right, why
+    return cases.judge(program, mistake, doc, own)
 
 
 SINGLE = sorted(n for n, p in cases.PROGRAMS.items() if not p.distributed)
@@ -63,7 +69,13 @@ def test_healthy_program_gets_no_warning(tmp_path: Path, name: str, method: str)
 
 @pytest.mark.parametrize("name", [n for n in SINGLE if not cases.PROGRAMS[n].by_chance])
 def test_planted_mistake_is_found_with_holder_and_fix(tmp_path: Path, name: str) -> None:
-    run_case(tmp_path, name, True, "forward")
+    right, why = diagnosed(tmp_path / "first", name, True, "forward")
+    if not right and why.startswith("missed") and cases.PROGRAMS[name].reset_every:
+        # the holder is reset periodically: a diagnosis whose censuses fall on a reset has
+        # nothing to see; a second one, a few seconds later, must find it
+        right, why = diagnosed(tmp_path / "second", name, True, "forward")
+        why = f"missed twice ({cases.PROGRAMS[name].reset_every}): {why}"
+    assert right, why
 
 
 # The DDP trainer (torchrun, 2 ranks on gloo), kept to four runs for CI's sake: rank 0 diagnosed
