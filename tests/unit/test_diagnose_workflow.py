@@ -784,3 +784,23 @@ def test_a_call_that_outlasts_the_diagnosis_is_named_running(options: DiagnoseOp
     assert locate.status == "skipped" and "is running (thread MainThread at lbfgs.py:440)" in locate.reason
     assert not any(ln.startswith("watch torch.autograd") for ln in driver.lines)
     assert "is running" in result.phase("watch").reason
+
+
+def test_the_dataloader_share_over_whole_epochs_is_the_figure_when_the_window_saw_a_start(
+        options: DiagnoseOptions) -> None:
+    # GIVEN a window whose batches waited 3 % of the loop, and whose loaders restart their
+    # workers at a cost that makes the loop wait 30 % over whole epochs (NextTimer's figure)
+    def samples(words: list[str], on_event: Any) -> dict[str, Any]:
+        data = training_samples(words, on_event, 0.03)
+        data["next_timing"][0].update({"starts": 1, "start_s": 0.02, "epoch_batches": 10,
+                                       "start_cost_s": 0.5, "share_epochs": 0.30})
+        return data
+
+    driver = FakeDriver(overrides={"torch dataloader": samples,
+                                   "torch profile": window_profile({"steps": 6})})
+    result = run_diagnosis(driver, options)
+    # THEN the epochs' share is the verdict and the figure said, with the window's beside it
+    assert result.to_dict()["dataloader"]["timed_pct"] == 30.0
+    (f,) = [f for f in result.report.findings if f.rule == "dataloader-bottleneck"]
+    assert f.severity == "critical" and "30.0% over whole epochs (a start of 0.500 s" in f.evidence[0]
+    assert ": 3.0% of the loop" in f.evidence[0]

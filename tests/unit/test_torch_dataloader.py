@@ -4,6 +4,7 @@ settings, its workers (pid, state, RSS), and the loop's time waiting on it."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -120,6 +121,13 @@ def test_cli_parses_and_renders() -> None:
     shown.result(data, Console(file=out, width=200))
     assert ("50 batches in 2.00 s, 0.160 s in next() and iter() (1 iter() starting workers: 0.040 s): "
             "8.0% of its loop") in out.getvalue()
+    data["next_timing"][0].update({"epoch_batches": 188, "start_cost_s": 0.045, "share_epochs": 0.0912})
+    data["waited_for_start_s"] = 0.8
+    out = io.StringIO()
+    shown.result(data, Console(file=out, width=300))
+    assert ("8.0% of its loop; 9.1% over whole epochs (a start of 0.045 s, iter() and the first "
+            "batch's wait, for each loader in every 188 batches)") in out.getvalue()
+    assert "timing went on 0.8 s after the sampling, until the workers started again" in out.getvalue()
 
 
 def test_next_timer_counts_whole_batch_periods_only() -> None:
@@ -393,3 +401,58 @@ def test_an_epoch_loop_without_persistent_workers_is_timed_with_its_workers_star
     from flight_profiler.agent import hooks
 
     assert hooks.active() == []  # both timing hooks came off with the request
+
+
+def test_next_timer_spreads_the_workers_starts_over_the_epochs_they_begin() -> None:
+    # GIVEN a loop of 10 ms batches, 1 ms of each in next(), over a loader of 100 batches an
+    # epoch whose iter() took 20 ms and whose first batch waited 11 ms (10 ms beyond the usual)
+    timer = dataloader_state.NextTimer()
+    timer.lengths[7] = 100
+    t = 0.0
+    timer.on_iter_exit((t, 0.0, 0.0, 7), None, None, 20_000_000)
+    t += 0.020
+    for i in range(20):
+        timer.on_exit((t, 0.0, 0.0, 7), None, None, (11 if i == 0 else 1) * 1_000_000)
+        t += 0.010 + (0.010 if i == 0 else 0.0)
+    [row] = timer.summary({})
+    # THEN the window's share holds one start in 19 batches (far more than one in 100 batches) ...
+    assert row["share"] == pytest.approx((0.020 + 0.011 + 18 * 0.001) / (0.020 + 19 * 0.010 + 0.010), abs=1e-3)
+    # ... and the share over whole epochs holds one start of 30 ms in every 100 batches
+    assert row["epoch_batches"] == 100 and row["start_cost_s"] == pytest.approx(0.030)
+    assert row["share_epochs"] == pytest.approx((0.001 + 0.0003) / (0.010 + 0.0003), abs=1e-4)
+    # and a loader of unknown length (an IterableDataset's) gets the window's share only
+    unknown = dataloader_state.NextTimer()
+    unknown.lengths[7] = None
+    for start in (0.0, 1.0, 2.0, 3.0):
+        unknown.on_exit((start, 0.0, 0.0, 7), None, None, 100_000_000)
+    [row] = unknown.summary({})
+    assert "share_epochs" not in row and row["share"] == pytest.approx(0.1)
+
+
+def test_a_window_without_a_start_waits_for_the_epochs_end_when_it_is_near() -> None:
+    # GIVEN a trainer thread's epochs of 12 batches, about 1.3 s each, with 2 workers started
+    # anew by each iter(), and a window of 0.3 s that falls between two starts 3 times in 4
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(Images(), range(48)), batch_size=4,
+                                         num_workers=2)
+    stop = threading.Event()
+
+    def train() -> None:
+        while not stop.is_set():
+            for batch in loader:
+                batch.sum()
+                time.sleep(0.1)
+
+    trainer = threading.Thread(target=train, name="trainer")
+    trainer.start()
+    try:
+        time.sleep(0.6)  # inside an epoch
+        result, _ = run_handler("torch dataloader", {"sample": 0.3})
+    finally:
+        stop.set()
+        trainer.join(10)
+    [timed] = [r for r in result["next_timing"] if r["thread"] == "trainer"]
+    # THEN the window went on until the workers started again, and the share is over epochs
+    assert timed["starts"] >= 1
+    assert timed["epoch_batches"] == 12 and 0 < timed["start_cost_s"] < 2.0
+    assert 0 < timed["share_epochs"] < 1
+    assert result["sampled_s"] < 0.5 and result.get("waited_for_start_s", 0.0) < 2.5

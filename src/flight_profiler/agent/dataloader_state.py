@@ -305,6 +305,11 @@ NEXT_SPEC = {"module": "torch.utils.data.dataloader", "class": "_BaseDataLoaderI
 # every phase of a train/val loop): time the loop waits for the DataLoader too.
 ITER_SPEC = {"module": "torch.utils.data.dataloader", "class": "DataLoader", "method": "__iter__"}
 _MAX_TIMED = 100_000
+# How far away the end of the loop's epoch may be for the window to wait for the workers'
+# start it brings (a loader without persistent workers): a start costs the loop 20-60 ms
+# here, which a window holds or not by chance; an epoch further off than this spreads it
+# over enough batches to matter less (40 ms over 3 s: 1.3 points of share).
+START_WAIT_S = 3.0
 
 
 class NextTimer:
@@ -319,7 +324,10 @@ class NextTimer:
     for 2 workers here, each phase of a tutorial's train/val loop) is the loop waiting for its
     DataLoader, as the ImageNet example's Data meter counts it; ``starts``/``start_s`` say how
     much of ``next_s`` it was. Without it a transfer-learning loop read 4.7-5.4 % against its
-    own meters' 7.4-8.1 %.
+    own meters' 7.4-8.1 %. A window holds a start or not by chance (the same loop read 9.2 %
+    with one, 4.8 % without): ``share_epochs`` spreads the starts over the epochs they begin
+    (``len()`` of each loader the loop iterates, one start each), as a loop's own meter does
+    over its run.
 
     Garbage collections are taken out of both (``on_gc``, a gc callback): a collection stops
     every thread wherever it is, and one triggered by a batch's allocations lands inside
@@ -329,9 +337,13 @@ class NextTimer:
     """
 
     def __init__(self) -> None:
-        self._calls: dict[int, list[tuple[float, float, float, float, float, bool]]] = {}
+        # per thread: (start, end, hooks_s, gc_s, gc_inside, is_start, dataset key)
+        self._calls: dict[int, list[tuple[float, float, float, float, float, bool, int]]] = {}
         self._lock = threading.Lock()
         self._n = 0
+        # Batches an epoch of each dataset's loader holds (None: not known, e.g. an
+        # IterableDataset), keyed by the dataset's id: read once per loader, in the hook.
+        self.lengths: dict[int, int | None] = {}
         # Seconds the agent's other hooks took so far (graph_use.GraphUse.overhead_s), read at
         # each next(): the loop they lengthen is measured without them.
         self.overhead: Callable[[], float] | None = None
@@ -346,31 +358,63 @@ class NextTimer:
             self.gc_s += time.perf_counter() - self._gc_started
             self._gc_started = None
 
-    def on_enter(self, args: Any, kwargs: Any) -> tuple[float, float, float]:
+    def on_enter(self, args: Any, kwargs: Any) -> tuple[float, float, float, int]:
+        """next(iterator): the iterator's dataset says which loader's epoch it is."""
+        key = self._key(_attr(args[0], "_dataset") if args else None, args[0] if args else None)
         overhead = self.overhead
-        return (time.perf_counter(), overhead() if overhead is not None else 0.0, self.gc_s)
+        return (time.perf_counter(), overhead() if overhead is not None else 0.0, self.gc_s, key)
+
+    def on_iter_enter(self, args: Any, kwargs: Any) -> tuple[float, float, float, int]:
+        """iter(loader): its epoch's length is read from the iterator it returns, if new."""
+        key = id(_attr(args[0], "dataset")) if args else 0
+        overhead = self.overhead
+        return (time.perf_counter(), overhead() if overhead is not None else 0.0, self.gc_s, key)
 
     def on_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         self._record(token, elapsed_ns, False)
 
     def on_iter_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        if isinstance(token, tuple) and len(token) > 3 and value is not None:
+            self._key(_attr(value, "_dataset"), value)
         self._record(token, elapsed_ns, True)
+
+    def _key(self, dataset: Any, iterator: Any) -> int:
+        key = id(dataset)
+        if key not in self.lengths and iterator is not None:
+            self.lengths[key] = epoch_batches(iterator)
+        return key
 
     def _record(self, token: Any, elapsed_ns: int, is_start: bool) -> None:
         if not isinstance(token, tuple):
             return
-        start, hooks_s, gc_s = token
+        start, hooks_s, gc_s = token[:3]
+        key = token[3] if len(token) > 3 else 0
         gc_inside = self.gc_s - gc_s
         with self._lock:
             if self._n >= _MAX_TIMED:
                 return
             self._n += 1
             self._calls.setdefault(threading.get_ident(), []).append(
-                (start, start + elapsed_ns / 1e9, hooks_s, gc_s, gc_inside, is_start))
+                (start, start + elapsed_ns / 1e9, hooks_s, gc_s, gc_inside, is_start, key))
+
+    def starts_seen(self) -> int:
+        with self._lock:
+            return sum(1 for spans in self._calls.values() for span in spans if span[5])
+
+    def batches_after_start(self) -> int:
+        """next() calls after the latest start, in its thread (0 before any start)."""
+        with self._lock:
+            spans = [sorted(v) for v in self._calls.values() if any(span[5] for span in v)]
+        if not spans:
+            return 0
+        latest = max(spans, key=lambda v: max(span[0] for span in v if span[5]))
+        at = max(span[0] for span in latest if span[5])
+        return sum(1 for span in latest if not span[5] and span[0] > at)
 
     def summary(self, names: dict[int, str]) -> list[dict[str, Any]]:
         """Per thread with >= 3 calls: calls, seconds in next() and the share of the loop (the
-        seconds the agent's other hooks took meanwhile taken out of the loop's time)."""
+        seconds the agent's other hooks took meanwhile taken out of the loop's time), and the
+        share over whole epochs where it can be told (``_over_epochs``)."""
         with self._lock:
             calls = {k: sorted(v) for k, v in self._calls.items()}
         out: list[dict[str, Any]] = []
@@ -378,9 +422,9 @@ class NextTimer:
             if sum(1 for span in spans if not span[5]) < 3:
                 continue
             first, last = spans[0][0], spans[-1][0]
-            whole = [(s, e, gc, it) for s, e, _, _, gc, it in spans if s < last]
-            inside = sum(max(0.0, e - s - gc) for s, e, gc, _ in whole)
-            starts = [max(0.0, e - s - gc) for s, e, gc, it in whole if it]
+            whole = [(s, e, gc, it, key) for s, e, _, _, gc, it, key in spans if s < last]
+            inside = sum(max(0.0, e - s - gc) for s, e, gc, _, _ in whole)
+            starts = [max(0.0, e - s - gc) for s, e, gc, it, _ in whole if it]
             hooks_s = max(0.0, spans[-1][2] - spans[0][2])
             gc_s = max(0.0, spans[-1][3] - spans[0][3])
             window = last - first - hooks_s - gc_s
@@ -395,9 +439,60 @@ class NextTimer:
                 row["hooks_s"] = round(hooks_s, 4)
             if gc_s:
                 row["gc_s"] = round(gc_s, 4)
+            if window > 0:
+                row.update(self._over_epochs(whole, window))
             out.append(row)
         out.sort(key=lambda r: -int(r["batches"]))
         return out
+
+    def _over_epochs(self, whole: list[tuple[float, float, float, bool, int]],
+                     window: float) -> dict[str, Any]:
+        """The loop's DataLoader share over whole epochs: each loader it iterates starts once an
+        epoch of ``len(loader)`` batches, at the cost the window's starts took (iter() and the
+        first batch's wait beyond a usual one's). Nothing where a loader's length is unknown or
+        no start was seen (the caller says whether one could have cost anything)."""
+        keys = {key for _, _, _, _, key in whole}
+        lengths = [self.lengths.get(key) for key in keys]
+        if not keys or any(not n for n in lengths):
+            return {}
+        cycle = sum(n for n in lengths if n)
+        steady: list[float] = []
+        episodes: list[tuple[float, float | None]] = []  # (iter() time, its first batch's wait)
+        after_start = False
+        for s, e, collected, is_start, _ in whole:
+            spent = max(0.0, e - s - collected)
+            if is_start:
+                episodes.append((spent, None))
+                after_start = True
+            elif after_start:
+                episodes[-1] = (episodes[-1][0], spent)
+                after_start = False
+            else:
+                steady.append(spent)
+        if not episodes or not steady:
+            return {"epoch_batches": cycle}
+        usual = sum(steady) / len(steady)
+        costs = [it + max(0.0, (first if first is not None else usual) - usual)
+                 for it, first in episodes]
+        batches = sum(1 for *_, is_start, _ in whole if not is_start)
+        period = (window - sum(costs)) / batches if batches else 0.0
+        if period <= 0:
+            return {"epoch_batches": cycle}
+        per_batch = len(keys) * (sum(costs) / len(costs)) / cycle
+        return {"epoch_batches": cycle, "start_cost_s": round(sum(costs) / len(costs), 4),
+                "share_epochs": round((usual + per_batch) / (period + per_batch), 4)}
+
+
+def epoch_batches(iterator: Any) -> int | None:
+    """``len()`` of a DataLoader iterator over a map-style dataset: the batches of its epoch
+    (an IterableDataset's ``__len__`` is the user's guess, and DataLoader warns about it)."""
+    if _attr(iterator, "_dataset_kind") != 0:
+        return None
+    try:
+        n = len(_attr(iterator, "_index_sampler"))
+    except Exception:
+        return None
+    return n if isinstance(n, int) and n > 0 else None
 
 
 def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = None,
@@ -413,6 +508,7 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
     t0 = time.monotonic()
     threads = sample_threads(sample_seconds, cancelled=cancelled) if sample_seconds > 0 else []
     elapsed = time.monotonic() - t0
+    next_start: float | None = None  # seconds until the loop's epoch ends and workers start
     for doc, ref in track:
         if elapsed <= 0.05:
             break
@@ -423,12 +519,20 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
         before = doc["batches_yielded"]
         now = _attr(it, "_num_yielded")
         doc["batches_in_flight"] = _plain(_attr(it, "_tasks_outstanding"))
+        length = epoch_batches(it) if doc.get("num_workers") and not doc.get("persistent_workers") else None
         it = None
         if isinstance(before, int) and isinstance(now, int):
             doc["batches_yielded"] = now
             doc["batches_in_window"] = now - before
             doc["batches_per_s"] = round((now - before) / elapsed, 2)
+            if length and now > before:
+                ends = (length - now) / ((now - before) / elapsed)
+                next_start = ends if next_start is None else min(next_start, ends)
     track.clear()
+    waited = 0.0
+    if timer is not None and next_start is not None and next_start <= START_WAIT_S \
+            and not timer.starts_seen():
+        waited = _wait_for_start(timer, next_start + 1.0, cancelled)
     for loader in loaders:
         for it_doc in loader["iterators"]:
             for w in it_doc["workers"]:
@@ -444,12 +548,25 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
         cpus = os.cpu_count() or 1
     result: dict[str, Any] = {"loaders": loaders, "threads": threads,
                               "sampled_s": round(elapsed, 3), "cpus": cpus}
+    if waited:
+        result["waited_for_start_s"] = round(waited, 3)
     ranks = ranks_here()
     if ranks is not None:
         result["ranks_here"] = ranks
     if timer is not None:
         result["next_timing"] = timer.summary({t.ident or 0: t.name for t in threading.enumerate()})
     return result
+
+
+def _wait_for_start(timer: NextTimer, limit: float,
+                    cancelled: Callable[[], bool] | None) -> float:
+    """Keep timing until workers start again and two batches follow, for ``limit`` s at most."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit and timer.batches_after_start() < 2:
+        if cancelled is not None and cancelled():
+            break
+        time.sleep(0.02)
+    return time.monotonic() - t0
 
 
 _LOOPBACK = ("localhost", "127.0.0.1", "::1", "ip6-localhost")

@@ -124,7 +124,7 @@ _ITERATOR = Obj(optional={"type": TEXT, "batches_yielded": INT, "batches_in_flig
                           "batches_ready": INT, "batches_in_window": INT, "batches_per_s": NUM,
                           "ended_during_window": BOOL, "workers": ListOf(_WORKER)})
 DATALOADER = Obj(optional={
-    "note": TEXT, "sampled_s": NUM, "cpus": INT, "ranks_here": INT,
+    "note": TEXT, "sampled_s": NUM, "waited_for_start_s": NUM, "cpus": INT, "ranks_here": INT,
     "loaders": ListOf(Obj(optional={
         "type": TEXT, "dataset": Obj(optional={"type": TEXT, "length": INT}),
         "batch_size": TEXT, "num_workers": TEXT, "pin_memory": TEXT, "prefetch_factor": TEXT,

@@ -51,16 +51,17 @@ def step_of(findings_inputs: list[Any]) -> dict[str, Any] | None:
 
 def dataloader_share(result: DiagnoseResult, inputs: list[Any]) -> dict[str, Any] | None:
     """The DataLoader's share of the loop, timed (input phase) and in the profile's steps."""
-    from flight_profiler.report.live_loop import dataloader_share as timed_share
+    from flight_profiler.report.live_loop import dataloader_share as timed_row
+    from flight_profiler.report.live_loop import timed_share
 
     out: dict[str, Any] = {}
     phase = result.phase("input")
     watch = result.phase("watch")
     if phase is not None:
-        timed = timed_share(phase.data.get("next_timing") or [],
-                            (watch.data.get("loop") if watch is not None else None) or None)
+        timed = timed_row(phase.data.get("next_timing") or [],
+                          (watch.data.get("loop") if watch is not None else None) or None)
         if timed is not None:
-            out["timed_pct"] = round(100.0 * float(timed["share"]), 2)
+            out["timed_pct"] = round(100.0 * timed_share(timed), 2)
             out["timed"] = timed
     for inp in inputs:
         dl = inp.data.get("dataloader") if getattr(inp, "kind", None) == "trace" and inp.ok else None

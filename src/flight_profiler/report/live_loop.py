@@ -84,6 +84,19 @@ def dataloader_share(timing: list[dict[str, Any]], loop: dict[str, Any] | None,
     return _timed(timing, (loop or {}).get("thread"))
 
 
+def timed_share(timed: dict[str, Any]) -> float:
+    """The loop's DataLoader share as its own meter would read it over its run: over whole
+    epochs where the window saw the workers start (agent/dataloader_state.NextTimer), else over
+    the window."""
+    return float(timed["share_epochs"] if isinstance(timed.get("share_epochs"), (int, float))
+                 else timed["share"])
+
+
+def epochs_phrase(timed: dict[str, Any]) -> str:
+    return (f"a start of {float(timed.get('start_cost_s') or 0):.3f} s, iter() and the first "
+            f"batch's wait, for each loader in every {timed.get('epoch_batches')} batches")
+
+
 def _method_role(step: dict[str, Any] | None) -> str | None:
     return ((step or {}).get("method") or {}).get("role")
 
@@ -101,7 +114,7 @@ def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None
     waiting = sum(float(shares.get(k, 0.0)) for k in LOADER_CATEGORIES)
     evidence: list[str] = []
     if timed is not None:
-        share = float(timed["share"])
+        share = timed_share(timed)
         window_us = float(timed["window_s"]) * 1e6
         cost = cost_of(share * window_us, window_us, "loop time",
                        f"time in DataLoader next() (and iter(), starting workers) over "
@@ -115,8 +128,10 @@ def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None
                         + (f" and iter() ({timed['starts']} iter() starting workers: "
                            f"{float(timed.get('start_s') or 0):.3f} s)"
                            if isinstance(timed.get("starts"), int) else "") + ": "
-                        f"{100 * share:.1f}% of the loop"
-                        + (f" ({' and '.join(taken)} taken out of both)" if taken else ""))
+                        f"{100 * float(timed['share']):.1f}% of the loop"
+                        + (f" ({' and '.join(taken)} taken out of both)" if taken else "")
+                        + (f"; {100 * share:.1f}% over whole epochs ({epochs_phrase(timed)})"
+                           if "share_epochs" in timed else ""))
         if cost.pct < T.dataloader_min_pct:
             return None
         period = cost_ms = None

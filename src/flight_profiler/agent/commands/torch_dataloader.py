@@ -72,7 +72,7 @@ def _timer(ctx: Context) -> dataloader_state.NextTimer | None:
     with contextlib.suppress(CommandError):  # a torch whose DataLoader has no __iter__ of its own
         starts = targets.resolve(dataloader_state.ITER_SPEC)
         ctx.add_hook("torch dataloader: timing iter()",
-                     hooks.install(starts, timer.on_enter, timer.on_iter_exit))
+                     hooks.install(starts, timer.on_iter_enter, timer.on_iter_exit))
     gc.callbacks.append(timer.on_gc)
 
     def remove() -> None:

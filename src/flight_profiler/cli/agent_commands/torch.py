@@ -219,6 +219,8 @@ _CATEGORY = {"dataloader_wait": "waiting for DataLoader workers", "dataloader_lo
 def render_dataloader(data: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
+    from flight_profiler.report.live_loop import epochs_phrase
+
     if data.get("note"):
         console.print(txt(data["note"]), highlight=False)
     sampled = fmt(data.get("sampled_s"), "g")
@@ -262,7 +264,14 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
                       f"{fmt(row.get('next_s'), '.3f')} s in next()"
                       + (f" and iter() ({fmt(row.get('starts'), 'd')} iter() starting workers: "
                          f"{fmt(row.get('start_s'), '.3f')} s)" if row.get("starts") else "") + ": "
-                      f"{fmt(100 * float(row.get('share') or 0), '.1f')}% of its loop", highlight=False)
+                      f"{fmt(100 * float(row.get('share') or 0), '.1f')}% of its loop"
+                      + (f"; {fmt(100 * float(row['share_epochs']), '.1f')}% over whole epochs "
+                         f"({txt(epochs_phrase(row), 300)})"
+                         if isinstance(row.get("share_epochs"), (int, float)) else ""),
+                      highlight=False)
+    if isinstance(data.get("waited_for_start_s"), (int, float)):
+        console.print(f"  (timing went on {fmt(data['waited_for_start_s'], '.1f')} s after the sampling, "
+                      "until the workers started again: the epoch's end was that near)", highlight=False)
     use = data.get("graph_use")
     if isinstance(use, dict):
         console.print(
