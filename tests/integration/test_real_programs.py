@@ -104,3 +104,11 @@ def test_healthy_spawned_ddp_rank_gets_no_warning(tmp_path: Path) -> None:
 
 def test_a_loop_that_bypasses_ddp_is_found_on_a_spawned_rank(tmp_path: Path) -> None:
     run_case(tmp_path, "ddp_spawn", True, "forward")
+
+
+# The same spawned job with `sampler.set_epoch(epoch)` left out, with nothing named and with the
+# forward: each epoch begins at the sampler's old epoch, on the loader trained on.
+@pytest.mark.parametrize("method", ["none", "forward"])
+def test_a_ddp_loop_that_never_calls_set_epoch_is_found_on_a_spawned_rank(tmp_path: Path, method: str) -> None:
+    run_case(tmp_path, "ddp_set_epoch", True, method)
+

@@ -456,3 +456,77 @@ def test_a_window_without_a_start_waits_for_the_epochs_end_when_it_is_near() -> 
     assert timed["epoch_batches"] == 12 and 0 < timed["start_cost_s"] < 2.0
     assert 0 < timed["share_epochs"] < 1
     assert result["sampled_s"] < 0.5 and result.get("waited_for_start_s", 0.0) < 2.5
+
+
+class Pairs(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((4,), float(i)), torch.tensor(float(i % 2))
+
+
+def _ddp_style_run(set_epoch: bool, evaluation: bool = False) -> dict[str, Any]:
+    """A rank's loop as the DDP tutorials write it (rank 0 of 2, no process group needed for
+    the sampler): epochs of 10 batches of 2, a backward on each unless ``evaluation``."""
+    sampler = torch.utils.data.distributed.DistributedSampler(Pairs(), num_replicas=2, rank=0)
+    loader = torch.utils.data.DataLoader(Pairs(), batch_size=2, sampler=sampler)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stop = threading.Event()
+
+    def train() -> None:
+        epoch = 0
+        while not stop.is_set():
+            if set_epoch:
+                sampler.set_epoch(epoch)
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+                if not evaluation:
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                time.sleep(0.03)
+            epoch += 1
+
+    trainer = threading.Thread(target=train, name="rank0")
+    trainer.start()
+    try:
+        time.sleep(0.45)  # inside an epoch (about 0.35 s each)
+        result, _ = run_handler("torch dataloader", {"sample": 0.2})
+    finally:
+        stop.set()
+        trainer.join(10)
+    return result
+
+
+def test_a_training_loop_that_never_calls_set_epoch_is_seen_repeating_its_epoch() -> None:
+    from flight_profiler.report.live_loop import set_epoch_finding
+
+    # GIVEN the DDP tutorials' loop with the `sampler.set_epoch(epoch)` line left out
+    result = _ddp_style_run(set_epoch=False)
+    [loader] = [d for d in result["loaders"] if d["sampler"].get("distributed")]
+    sampler = loader["sampler"]
+    # THEN a new epoch was seen beginning at the epoch before's value, on the loader trained on
+    assert sampler["shuffle"] is True and sampler["starts_seen"] >= 1
+    assert sampler["unchanged_at_starts"] >= 1 and sampler["backward_passes"] >= 1
+    f = set_epoch_finding(result["loaders"], [])
+    assert f is not None and f.severity == "warning" and "set_epoch(epoch)" in f.fix[0]
+    from flight_profiler.agent import hooks
+
+    assert hooks.active() == []
+
+
+def test_set_epoch_called_or_an_evaluation_loader_is_no_finding() -> None:
+    from flight_profiler.report.live_loop import set_epoch_finding
+
+    # GIVEN the same loop calling set_epoch every epoch
+    result = _ddp_style_run(set_epoch=True)
+    [loader] = [d for d in result["loaders"] if d["sampler"].get("distributed")]
+    assert loader["sampler"]["starts_seen"] >= 1 and loader["sampler"]["unchanged_at_starts"] == 0
+    assert set_epoch_finding(result["loaders"], []) is None
+    # and an evaluation loop over a shuffling sampler (no backward: its order does not matter)
+    result = _ddp_style_run(set_epoch=False, evaluation=True)
+    [loader] = [d for d in result["loaders"] if d["sampler"].get("distributed")]
+    assert loader["sampler"]["unchanged_at_starts"] >= 1 and loader["sampler"]["backward_passes"] == 0
+    assert set_epoch_finding(result["loaders"], []) is None

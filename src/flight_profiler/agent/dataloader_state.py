@@ -99,16 +99,42 @@ def _iterator(it: Any) -> dict[str, Any]:
         "persistent_workers": _plain(_attr(it, "_persistent_workers", False)),
         "timeout": _plain(_attr(it, "_timeout", 0)),
         "batches_yielded": _plain(_attr(it, "_num_yielded")),
+        "epoch_batches": epoch_batches(it),
         "batches_in_flight": _plain(_attr(it, "_tasks_outstanding")),
         "batches_ready": ready,
         "pin_memory_thread": None if pin is None else bool(pin.is_alive()),
         "workers": rows,
+        **({"distributed_shuffle": True} if _shuffles_per_epoch(sampler) else {}),
     }
+
+
+def _shuffles_per_epoch(index_sampler: Any) -> bool:
+    sampler = _attr(index_sampler, "sampler", index_sampler)  # inside a BatchSampler, or itself
+    return distributed_sampler(sampler) and _attr(sampler, "shuffle") is True
+
+
+def distributed_sampler(sampler: Any) -> bool:
+    """A torch DistributedSampler (or a subclass): its order changes per epoch only through
+    ``set_epoch``."""
+    module = sys.modules.get("torch.utils.data.distributed")
+    kind = getattr(module, "DistributedSampler", None) if module is not None else None
+    return isinstance(kind, type) and isinstance(sampler, kind)
+
+
+def _sampler(sampler: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": f"{type(sampler).__module__}.{type(sampler).__qualname__}"}
+    if distributed_sampler(sampler):
+        out.update({"distributed": True, "shuffle": _plain(_attr(sampler, "shuffle")),
+                    "epoch": _plain(_attr(sampler, "epoch")),
+                    "num_replicas": _plain(_attr(sampler, "num_replicas")),
+                    "rank": _plain(_attr(sampler, "rank"))})
+    return out
 
 
 def _loader(dl: Any) -> dict[str, Any]:
     return {
         "type": type(dl).__name__,
+        "sampler": _sampler(_attr(dl, "sampler")),
         "dataset": _dataset(_attr(dl, "dataset")),
         "batch_size": _plain(_attr(dl, "batch_size")),
         "drop_last": _plain(_attr(dl, "drop_last")),
@@ -120,11 +146,14 @@ def _loader(dl: Any) -> dict[str, Any]:
     }
 
 
-def find_loaders(track: list[tuple[dict[str, Any], Any]] | None = None) -> list[dict[str, Any]]:
+def find_loaders(track: list[tuple[dict[str, Any], Any]] | None = None,
+                 samplers: dict[int, tuple[dict[str, Any], int]] | None = None) -> list[dict[str, Any]]:
     """Each live DataLoader with its live iterators (matched by dataset); orphan iterators too.
 
     ``track`` receives (iterator doc, weak reference to the iterator), for a caller that reads
     the counters again later without keeping an epoch's iterator (and its workers) alive.
+    ``samplers`` receives, per shuffling DistributedSampler's id, (its loader's row, the id of
+    the loader's dataset), for a caller that follows their epochs (NextTimer.sampler_epochs).
     """
     module = sys.modules.get("torch.utils.data.dataloader")
     if module is None:
@@ -146,6 +175,8 @@ def find_loaders(track: list[tuple[dict[str, Any], Any]] | None = None) -> list[
             row = _loader(dl)
             by_dataset.setdefault(id(_attr(dl, "dataset")), row)
             out.append(row)
+            if samplers is not None and row["sampler"].get("distributed") and row["sampler"].get("shuffle") is True:
+                samplers[id(_attr(dl, "sampler"))] = (row, id(_attr(dl, "dataset")))
         for it in iterators:
             doc = _iterator(it)
             owner = by_dataset.get(id(_attr(it, "_dataset")))
@@ -305,6 +336,7 @@ NEXT_SPEC = {"module": "torch.utils.data.dataloader", "class": "_BaseDataLoaderI
 # every phase of a train/val loop): time the loop waits for the DataLoader too.
 ITER_SPEC = {"module": "torch.utils.data.dataloader", "class": "DataLoader", "method": "__iter__"}
 _MAX_TIMED = 100_000
+_MAX_EPOCHS_SEEN = 16
 # How far away the end of the loop's epoch may be for the window to wait for the workers'
 # start it brings (a loader without persistent workers): a start costs the loop 20-60 ms
 # here, which a window holds or not by chance; an epoch further off than this spreads it
@@ -344,6 +376,13 @@ class NextTimer:
         # Batches an epoch of each dataset's loader holds (None: not known, e.g. an
         # IterableDataset), keyed by the dataset's id: read once per loader, in the hook.
         self.lengths: dict[int, int | None] = {}
+        # Per shuffling DistributedSampler's id, its epoch as each iter() of its loader left it:
+        # set_epoch() is called before iter() every epoch, or the order repeats (issue 18).
+        self.sampler_epochs: dict[int, list[int]] = {}
+        # Backward passes per loader (its dataset's id), counted to the loader whose batch the
+        # thread took last: a loader whose batches are trained on, not an evaluation's.
+        self.backwards: dict[int, int] = {}
+        self._last_key: dict[int, int] = {}
         # Seconds the agent's other hooks took so far (graph_use.GraphUse.overhead_s), read at
         # each next(): the loop they lengthen is measured without them.
         self.overhead: Callable[[], float] | None = None
@@ -364,11 +403,19 @@ class NextTimer:
         overhead = self.overhead
         return (time.perf_counter(), overhead() if overhead is not None else 0.0, self.gc_s, key)
 
-    def on_iter_enter(self, args: Any, kwargs: Any) -> tuple[float, float, float, int]:
-        """iter(loader): its epoch's length is read from the iterator it returns, if new."""
+    def on_iter_enter(self, args: Any, kwargs: Any) -> tuple[float, float, float, int, Any]:
+        """iter(loader): its epoch's length is read from the iterator it returns, if new, and
+        its sampler's epoch once the iterator has drawn its first indices."""
         key = id(_attr(args[0], "dataset")) if args else 0
+        sampler = _attr(args[0], "sampler") if args else None
         overhead = self.overhead
-        return (time.perf_counter(), overhead() if overhead is not None else 0.0, self.gc_s, key)
+        return (time.perf_counter(), overhead() if overhead is not None else 0.0, self.gc_s, key,
+                sampler if distributed_sampler(sampler) else None)
+
+    def on_backward_enter(self, args: Any, kwargs: Any) -> None:
+        key = self._last_key.get(threading.get_ident())
+        if key is not None:
+            self.backwards[key] = self.backwards.get(key, 0) + 1
 
     def on_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         self._record(token, elapsed_ns, False)
@@ -376,6 +423,11 @@ class NextTimer:
     def on_iter_exit(self, token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
         if isinstance(token, tuple) and len(token) > 3 and value is not None:
             self._key(_attr(value, "_dataset"), value)
+        if isinstance(token, tuple) and len(token) > 4 and token[4] is not None:
+            epoch = _attr(token[4], "epoch")
+            seen = self.sampler_epochs.setdefault(id(token[4]), [])
+            if type(epoch) is int and len(seen) < _MAX_EPOCHS_SEEN:
+                seen.append(epoch)
         self._record(token, elapsed_ns, True)
 
     def _key(self, dataset: Any, iterator: Any) -> int:
@@ -390,6 +442,8 @@ class NextTimer:
         start, hooks_s, gc_s = token[:3]
         key = token[3] if len(token) > 3 else 0
         gc_inside = self.gc_s - gc_s
+        if not is_start:
+            self._last_key[threading.get_ident()] = key
         with self._lock:
             if self._n >= _MAX_TIMED:
                 return
@@ -504,7 +558,8 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
     (hooked by the caller for the window): the DataLoader's share of each loop, timed.
     """
     track: list[tuple[dict[str, Any], Any]] = []
-    loaders = find_loaders(track)
+    samplers: dict[int, tuple[dict[str, Any], int]] = {}
+    loaders = find_loaders(track, samplers)
     t0 = time.monotonic()
     threads = sample_threads(sample_seconds, cancelled=cancelled) if sample_seconds > 0 else []
     elapsed = time.monotonic() - t0
@@ -519,7 +574,8 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
         before = doc["batches_yielded"]
         now = _attr(it, "_num_yielded")
         doc["batches_in_flight"] = _plain(_attr(it, "_tasks_outstanding"))
-        length = epoch_batches(it) if doc.get("num_workers") and not doc.get("persistent_workers") else None
+        starting = doc.get("num_workers") and not doc.get("persistent_workers")
+        length = doc.get("epoch_batches") if starting or doc.get("distributed_shuffle") else None
         it = None
         if isinstance(before, int) and isinstance(now, int):
             doc["batches_yielded"] = now
@@ -555,7 +611,32 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
         result["ranks_here"] = ranks
     if timer is not None:
         result["next_timing"] = timer.summary({t.ident or 0: t.name for t in threading.enumerate()})
+        for sampler_id, (row, key) in samplers.items():
+            _follow_epochs(row, timer.sampler_epochs.get(sampler_id, []), timer.backwards.get(key, 0))
+    samplers.clear()
     return result
+
+
+def _follow_epochs(row: dict[str, Any], at_starts: list[int], backwards: int) -> None:
+    """What the window saw of a shuffling DistributedSampler's epochs: its value as each new
+    epoch of its loader began, and how many of those began with the value the epoch before
+    had (the window's first reading counts as one when the loader was inside an epoch then:
+    an iterator that had yielded some but not all of its batches)."""
+    sampler = row["sampler"]
+    inside = False
+    for it in row.get("iterators") or []:
+        yielded, length = it.get("batches_yielded"), it.get("epoch_batches")
+        if isinstance(yielded, int) and isinstance(length, int):
+            yielded -= int(it.get("batches_in_window") or 0)
+            inside = inside or 0 < yielded < length
+    previous = sampler.get("epoch") if inside else None
+    unchanged = 0
+    for epoch in at_starts:
+        if previous is not None and epoch == previous:
+            unchanged += 1
+        previous = epoch
+    sampler.update({"starts_seen": len(at_starts), "epochs_at_starts": at_starts[:8],
+                    "unchanged_at_starts": unchanged, "backward_passes": backwards})
 
 
 def _wait_for_start(timer: NextTimer, limit: float,

@@ -120,13 +120,18 @@ PROFILE = Obj(optional={
 # -- torch dataloader --------------------------------------------------------------------------
 _WORKER = Obj(optional={"worker_id": INT, "pid": INT, "state": TEXT, "cpu_percent": NUM,
                         "rss_bytes": SIZE})
-_ITERATOR = Obj(optional={"type": TEXT, "batches_yielded": INT, "batches_in_flight": INT,
+_ITERATOR = Obj(optional={"type": TEXT, "batches_yielded": INT, "epoch_batches": INT,
+                          "distributed_shuffle": BOOL, "batches_in_flight": INT,
                           "batches_ready": INT, "batches_in_window": INT, "batches_per_s": NUM,
                           "ended_during_window": BOOL, "workers": ListOf(_WORKER)})
 DATALOADER = Obj(optional={
     "note": TEXT, "sampled_s": NUM, "waited_for_start_s": NUM, "cpus": INT, "ranks_here": INT,
     "loaders": ListOf(Obj(optional={
         "type": TEXT, "dataset": Obj(optional={"type": TEXT, "length": INT}),
+        "sampler": Obj(optional={
+            "type": TEXT, "distributed": BOOL, "shuffle": TEXT, "epoch": TEXT,
+            "num_replicas": TEXT, "rank": TEXT, "starts_seen": INT,
+            "epochs_at_starts": ListOf(INT), "unchanged_at_starts": INT, "backward_passes": INT}),
         "batch_size": TEXT, "num_workers": TEXT, "pin_memory": TEXT, "prefetch_factor": TEXT,
         "persistent_workers": TEXT, "iterators": ListOf(_ITERATOR)})),
     "threads": ListOf(Obj(optional={

@@ -102,6 +102,9 @@ def live_findings(result: DiagnoseResult, step: dict[str, Any] | None = None) ->
     unread = live_loop.graph_use_finding(phase.data.get("graph_use"), inputs)
     if unread is not None:
         out.append(unread)
+    unshuffled = live_loop.set_epoch_finding(phase.data.get("loaders") or [], inputs)
+    if unshuffled is not None:
+        out.append(unshuffled)
     return out
 
 

@@ -261,3 +261,50 @@ def graph_use_finding(use: dict[str, Any] | None, inputs: list[str]) -> Finding 
                  "longest_unused_run": _int(use.get("longest_unused_run")),
                  "unused_saved_bytes_per_call": per_call, "source": "live calls"},
     )
+
+
+SET_EPOCH_FIX = [
+    "Call `sampler.set_epoch(epoch)` at the start of every epoch, before `for batch in loader`: "
+    "PyTorch's DistributedSampler documentation says calling it before creating the DataLoader "
+    "iterator is necessary to make shuffling work properly across epochs.",
+    "Keep the sampler at hand for it (`train_loader.sampler.set_epoch(epoch)`), on every rank.",
+]
+
+
+def set_epoch_finding(loaders: list[dict[str, Any]], inputs: list[str]) -> Finding | None:
+    """missing-set-epoch: a training loader's shuffling DistributedSampler began a new epoch, in
+    the window, at the epoch value of the one before (agent/dataloader_state._follow_epochs)."""
+    for loader in loaders:
+        sampler = loader.get("sampler") if isinstance(loader, dict) else None
+        if not isinstance(sampler, dict) or not sampler.get("distributed") or sampler.get("shuffle") is not True:
+            continue
+        unchanged, backwards = _int(sampler.get("unchanged_at_starts")), _int(sampler.get("backward_passes"))
+        if unchanged < 1 or backwards < 1:
+            continue  # not seen beginning an epoch unchanged, or not the loader trained on
+        dataset = loader.get("dataset") or {}
+        name = str(dataset.get("type") or "a dataset").rsplit(".", 1)[-1]
+        epochs = sampler.get("epochs_at_starts") or []
+        return Finding(
+            rule="missing-set-epoch", severity="warning",
+            title="DistributedSampler.set_epoch is never called: every epoch shuffles the same way",
+            summary=(f"The training loader over {name} began {unchanged} new epoch(s) while watched "
+                     f"with its DistributedSampler's epoch still {sampler.get('epoch')}, the value "
+                     "of the epoch before. The sampler shuffles with seed + epoch, so without "
+                     "`set_epoch` every epoch visits the samples in the same order, on every rank "
+                     f"of the {sampler.get('num_replicas')}: the shuffle is done once, not per epoch."),
+            evidence=[f"DataLoader over {name} ({dataset.get('length')} samples, batch_size "
+                      f"{loader.get('batch_size')}): DistributedSampler(shuffle=True), rank "
+                      f"{sampler.get('rank')} of {sampler.get('num_replicas')}; epoch "
+                      f"{sampler.get('epoch')} inside an epoch when the window began, then "
+                      f"{', '.join(str(e) for e in epochs)} as each of the "
+                      f"{_int(sampler.get('starts_seen'))} next epoch(s) began (iter(loader))",
+                      f"{backwards} backward passes on its batches in the window: the loader the "
+                      "model is trained on"],
+            where=[f"the loop over the DataLoader of {name}"],
+            root_cause=("DistributedSampler draws each epoch's permutation from a generator seeded "
+                        "with seed + epoch; epoch changes only through set_epoch()."),
+            fix=SET_EPOCH_FIX, inputs=inputs,
+            metrics={"unchanged_epochs": unchanged, "sampler_epoch": sampler.get("epoch"),
+                     "backward_passes": backwards, "source": "live epochs"})
+    return None
+

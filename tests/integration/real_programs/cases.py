@@ -246,6 +246,16 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
               "torch.multiprocessing.spawn (no torchrun, no RANK in the environment); gloo; "
               "diagnosed on rank 0's pid, the first spawned child"),
     Program(
+        "ddp_set_epoch", r"\[rank 0\] \[1,   100\]",
+        forward=("__main__", "ToyModel", "forward"), step=("torch.optim.sgd", "SGD", "step"),
+        mistake=Expected(("missing-set-epoch",), holder="DataLoader",
+                         fix=("set_epoch(epoch)",),
+                         why="`sampler.set_epoch(epoch)` left out: every epoch shuffles the same "
+                             "way on every rank"),
+        args=("--mistake_kind", "set_epoch"), script_name="ddp_spawn", nproc=2, spawn=True,
+        notes="ddp_spawn (the DDP tutorial's ToyModel under torch.multiprocessing.spawn) with the "
+              "other classic DistributedSampler mistake; epochs of 128 batches, a few a second"),
+    Program(
         "ddp_trainer", r"Epoch 1: loss",
         forward=("__main__", "Net", "forward"), step=("torch.optim.sgd", "SGD", "step"),
         mistake=Expected(("eval-with-grad",), fix=("no_grad",), also=("job-straggler",),
@@ -371,7 +381,7 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         if len(shares) < STEADY_INTERVALS:
             return None
         return round(sum(shares[-STEADY_INTERVALS:]) / STEADY_INTERVALS, 2)
-    if name in ("wgan_gp", "ddp_spawn"):
+    if name in ("wgan_gp", "ddp_spawn", "ddp_set_epoch"):
         # wgan_gp: 50 batches a line, the first line's interval the first batch alone (Time 0);
         # ddp_spawn: rank 0's 50 batches a line, the first holding the process group's start
         pattern = _WGAN_LINE if name == "wgan_gp" else _SPAWN_LINE
@@ -401,7 +411,7 @@ def steady_dataloader_share(name: str, log: Path, timeout: float = 20.0) -> floa
     """own_dataloader_share once the program has logged a steady interval (None for programs
     without meters, or none logged within ``timeout``)."""
     if name not in ("amp_classifier", "dcgan", "ddp_trainer", "vae", "mnist", "wgan_gp", "ddp_spawn",
-                    "transfer_learning"):
+                    "ddp_set_epoch", "transfer_learning"):
         return None
     deadline = time.monotonic() + timeout
     while True:

@@ -7,11 +7,13 @@ loss printed every `log_interval` batches, with the seconds spent waiting for th
 those of all batches since the last line (the ImageNet example's Data/Time meters: the loader's
 share measured with no tool attached). Sized for a CPU.
 
-    python ddp_spawn.py [--seconds S] [--world_size N] [--mistake]
+    python ddp_spawn.py [--seconds S] [--world_size N] [--mistake] [--mistake_kind bypass|set_epoch]
 
 --mistake plants the classic error: the loop calls the wrapped module (`model(inputs)`, the
 ToyModel) instead of the DDP wrapper (`ddp_model(inputs)`), so backward never all-reduces the
 gradients and every rank trains its own copy: the replicas drift apart while the loss looks fine.
+With --mistake_kind set_epoch it plants the other classic one instead: `sampler.set_epoch(epoch)`
+left out, so every epoch shuffles the same way on every rank.
 """
 
 import argparse
@@ -74,14 +76,15 @@ def demo_basic(rank, world_size, args):
     deadline = time.time() + args.seconds
     epoch = 0
     while True:
-        sampler.set_epoch(epoch)
+        if not (args.mistake and args.mistake_kind == "set_epoch"):
+            sampler.set_epoch(epoch)
         running_loss = 0.0
         data_time = batch_time = 0.0  # since the last log line, as the ImageNet example's meters
         end = time.time()
         for i, (inputs, labels) in enumerate(loader):
             data_time += time.time() - end
             optimizer.zero_grad()
-            if args.mistake:
+            if args.mistake and args.mistake_kind == "bypass":
                 outputs = model(inputs)
             else:
                 outputs = ddp_model(inputs)
@@ -121,6 +124,7 @@ if __name__ == "__main__":
     parser.add_argument("--log_interval", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--mistake", action="store_true")
+    parser.add_argument("--mistake_kind", choices=("bypass", "set_epoch"), default="bypass")
     args = parser.parse_args()
     args.port = free_port()
     mp.spawn(demo_basic, args=(args.world_size, args), nprocs=args.world_size, join=True)

@@ -73,6 +73,10 @@ def _timer(ctx: Context) -> dataloader_state.NextTimer | None:
         starts = targets.resolve(dataloader_state.ITER_SPEC)
         ctx.add_hook("torch dataloader: timing iter()",
                      hooks.install(starts, timer.on_iter_enter, timer.on_iter_exit))
+    with contextlib.suppress(CommandError):  # a torch without torch.autograd.backward in Python
+        backward = targets.resolve(BACKWARD_SPEC)
+        ctx.add_hook("torch dataloader: backward passes per loader",
+                     hooks.install(backward, timer.on_backward_enter, _ignore))
     gc.callbacks.append(timer.on_gc)
 
     def remove() -> None:
@@ -81,6 +85,10 @@ def _timer(ctx: Context) -> dataloader_state.NextTimer | None:
 
     ctx.add_hook("torch dataloader: timing garbage collections", remove)
     return timer
+
+
+def _ignore(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+    pass
 
 
 def _graph_use(ctx: Context, torch: Any, spec: dict[str, Any]) -> tuple[graph_use.GraphUse, str] | None:
