@@ -347,7 +347,7 @@ def judge(program: Program, mistake: bool, result: dict[str, Any],
 _AMP_LINE = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/\d+\]\s+Time\s+\S+\s+\(\s*([\d.]+)\)\s+"
                        r"Data\s+\S+\s+\(\s*([\d.]+)\)")
 _DDP_EPOCH = re.compile(r"Epoch \d+: .*\(time ([\d.]+)s, data ([\d.]+)s\)")
-_DCGAN_LINE = re.compile(r"\[\d+\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
+_DCGAN_LINE = re.compile(r"\[(\d+)\]\[(\d+)/\d+\].*\tData ([\d.]+)\tTime ([\d.]+)")
 _MNIST_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ \([^)]*\)\]\tLoss: [\d.e+-]+\tData ([\d.]+)%")
 _VAE_LINE = re.compile(r"Train Epoch: \d+ \[(\d+)/\d+ .*\tData ([\d.]+)\tTime ([\d.]+)")
 _SPAWN_LINE = re.compile(r"\[rank 0\] \[\d+, +\d+\] loss: [\d.]+\tData ([\d.]+)\tTime ([\d.]+)")
@@ -358,7 +358,7 @@ _WGAN_LINE = re.compile(r"\[Epoch \d+/\d+\] \[Batch \d+/\d+\].*\tData ([\d.]+)\t
 def own_dataloader_share(name: str, log: str) -> float | None:
     """The DataLoader's share of the loop (%) as the program itself measured it, with no tool
     attached, over its last logged interval in ``log`` (amp_classifier: the ImageNet example's
-    cumulative Data/Time meters, differenced; dcgan: seconds per 20 iterations; ddp_trainer:
+    cumulative Data/Time meters, differenced; dcgan: its last whole epoch; ddp_trainer:
     rank 0's last epoch, its training and validation loaders' waits over the epoch; mnist: its
     Data % over the last logged intervals; wgan_gp, ddp_spawn, transfer_learning: seconds per
     50 batches)."""
@@ -391,11 +391,22 @@ def own_dataloader_share(name: str, log: str) -> float | None:
         last = rows[-STEADY_INTERVALS:]
         total = sum(t for _, t in last)
         return round(100.0 * sum(d for d, _ in last) / total, 2) if total > 0 else None
-    if name in ("dcgan", "vae", "transfer_learning"):
+    if name == "dcgan":
+        # one whole epoch, as its loop lives it: the lines after an epoch's first (20 batches
+        # each) and the next epoch's first line, whose interval holds that epoch's last batches
+        # and the new epoch's first, the 2 workers' start with it (not the run's first line)
+        rows = [(int(e), int(i), float(d), float(t)) for e, i, d, t in _DCGAN_LINE.findall(log)]
+        firsts = [k for k, (e, i, _, _) in enumerate(rows) if i == 0 and e >= 1]
+        if not firsts or firsts[-1] < 6:
+            return None
+        epoch = rows[firsts[-1] - 6:firsts[-1] + 1]
+        total = sum(t for *_, t in epoch)
+        return round(100.0 * sum(d for _, _, d, _ in epoch) / total, 2) if total > 0 else None
+    if name in ("vae", "transfer_learning"):
         # the first line's interval holds the workers' start (the first batch's wait): not steady;
         # transfer_learning: 50 batches a line, its train and val loaders' workers started anew
         # every phase (three lines are about an epoch, both phases' starts included)
-        pattern, first = {"dcgan": (_DCGAN_LINE, 20), "vae": (_VAE_LINE, 1280),
+        pattern, first = {"vae": (_VAE_LINE, 1280),
                           "transfer_learning": (_TRANSFER_LINE, 50)}[name]
         rows = [(int(i), float(d), float(t)) for i, d, t in pattern.findall(log) if int(i) > first]
         if len(rows) < STEADY_INTERVALS:
