@@ -119,7 +119,7 @@ def test_cli_parses_and_renders() -> None:
                             "share": 0.08, "starts": 1, "start_s": 0.04}]
     out = io.StringIO()
     shown.result(data, Console(file=out, width=200))
-    assert ("50 batches in 2.00 s, 0.160 s in next() and iter() (1 iter() starting workers: 0.040 s): "
+    assert ("50 batches in 2.00 s, 0.160 s in next() and iter() (1 iter() starting an epoch: 0.040 s): "
             "8.0% of its loop") in out.getvalue()
     data["next_timing"][0].update({"epoch_batches": 188, "start_cost_s": 0.045, "share_epochs": 0.0912})
     data["waited_for_start_s"] = 0.8
@@ -512,6 +512,18 @@ def test_a_training_loop_that_never_calls_set_epoch_is_seen_repeating_its_epoch(
     assert sampler["unchanged_at_starts"] >= 1 and sampler["backward_passes"] >= 1
     f = set_epoch_finding(result["loaders"], [])
     assert f is not None and f.severity == "warning" and "set_epoch(epoch)" in f.fix[0]
+    # and the command says it
+    import io
+
+    from rich.console import Console
+
+    from flight_profiler.cli.agent_commands import rendering
+
+    shown = rendering("torch dataloader")
+    out = io.StringIO()
+    shown.result(result, Console(file=out, width=300))
+    assert "rank 0 of 2, shuffle=True, epoch 0; epoch 0" in out.getvalue()
+    assert "set_epoch(epoch) is not called" in out.getvalue()
     from flight_profiler.agent import hooks
 
     assert hooks.active() == []

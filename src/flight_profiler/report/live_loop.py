@@ -117,7 +117,7 @@ def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None
         share = timed_share(timed)
         window_us = float(timed["window_s"]) * 1e6
         cost = cost_of(share * window_us, window_us, "loop time",
-                       f"time in DataLoader next() (and iter(), starting workers) over "
+                       f"time in DataLoader next() (and iter(), starting an epoch and its workers) over "
                        f"{timed['batches']} whole batch periods of "
                        f"thread {timed['thread']!r}, timed without the profiler")
         taken = [f"{float(timed[k]):.2f} s of {what}" for k, what in
@@ -125,7 +125,7 @@ def dataloader_finding(timed: dict[str, Any] | None, loop: dict[str, Any] | None
                  if isinstance(timed.get(k), (int, float)) and float(timed[k]) >= 0.005]
         evidence.append(f"timed without the profiler: {timed['batches']} batches in "
                         f"{timed['window_s']:.2f} s, {timed['next_s']:.3f} s of it in next()"
-                        + (f" and iter() ({timed['starts']} iter() starting workers: "
+                        + (f" and iter() ({timed['starts']} iter() starting an epoch: "
                            f"{float(timed.get('start_s') or 0):.3f} s)"
                            if isinstance(timed.get("starts"), int) else "") + ": "
                         f"{100 * float(timed['share']):.1f}% of the loop"

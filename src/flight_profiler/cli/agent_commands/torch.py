@@ -232,6 +232,19 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
                       f"num_workers={txt(dl.get('num_workers'), 40)}, pin_memory={txt(dl.get('pin_memory'), 40)}, "
                       f"prefetch_factor={txt(dl.get('prefetch_factor'), 40)}, "
                       f"persistent_workers={txt(dl.get('persistent_workers'), 40)}", highlight=False)
+        sampler = dl.get("sampler") or {}
+        if sampler.get("distributed"):
+            seen = sampler.get("epochs_at_starts")
+            console.print(f"  sampler {txt(sampler.get('type'), 200)}: rank {txt(sampler.get('rank'), 40)} of "
+                          f"{txt(sampler.get('num_replicas'), 40)}, shuffle={txt(sampler.get('shuffle'), 40)}, "
+                          f"epoch {txt(sampler.get('epoch'), 40)}"
+                          + (f"; epoch {', '.join(fmt(e, 'd') for e in seen)} as each new epoch began"
+                             f" ({fmt(sampler.get('unchanged_at_starts'), 'd')} at the epoch before's value, "
+                             f"{fmt(sampler.get('backward_passes'), 'd')} backward passes on its batches)"
+                             if isinstance(seen, list) and seen else ""), highlight=False)
+            if int(sampler.get("unchanged_at_starts") or 0) and int(sampler.get("backward_passes") or 0):
+                console.print("  [bold]set_epoch(epoch) is not called[/bold]: every epoch shuffles the same way "
+                              "(call `sampler.set_epoch(epoch)` before each epoch's loop)", highlight=False)
         for it in dl.get("iterators") or []:
             rate = (f" ({fmt(it.get('batches_in_window'), 'd')} in the {sampled} s sampled: "
                     f"{fmt(it['batches_per_s'], 'g')}/s)" if it.get("batches_per_s") is not None else "")
@@ -262,7 +275,7 @@ def render_dataloader(data: dict[str, Any], console: Console) -> None:
         console.print(f"DataLoader next() timed on {txt(row.get('thread'), 200)}: "
                       f"{fmt(row.get('batches'), 'd')} batches in {fmt(row.get('window_s'), '.2f')} s, "
                       f"{fmt(row.get('next_s'), '.3f')} s in next()"
-                      + (f" and iter() ({fmt(row.get('starts'), 'd')} iter() starting workers: "
+                      + (f" and iter() ({fmt(row.get('starts'), 'd')} iter() starting an epoch: "
                          f"{fmt(row.get('start_s'), '.3f')} s)" if row.get("starts") else "") + ": "
                       f"{fmt(100 * float(row.get('share') or 0), '.1f')}% of its loop"
                       + (f"; {fmt(100 * float(row['share_epochs']), '.1f')}% over whole epochs "
