@@ -456,7 +456,9 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     # Without one, the optimizer step the profile window found stands for it: the models'
     # forwards are followed (a step is not a module's method), as when a user names the step.
     words = run.words() if follow else (run.window_step or ())
-    result = run.command(phase, basic.dataloader(sample=sample, target=words), timeout=sample + 10)
+    # Beyond the sample: finding the models (1 s at most), waiting for an epoch's end that is
+    # near (4 s at most, agent/dataloader_state.START_WAIT_S), the backwards in flight (2 s).
+    result = run.command(phase, basic.dataloader(sample=sample, target=words), timeout=sample + 15)
     phase.data["loaders"] = result.get("loaders") or []
     phase.data["threads"] = result.get("threads") or []
     phase.data["next_timing"] = result.get("next_timing") or []
