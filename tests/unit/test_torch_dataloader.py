@@ -466,9 +466,10 @@ class Pairs(torch.utils.data.Dataset):  # type: ignore[misc]
         return torch.full((4,), float(i)), torch.tensor(float(i % 2))
 
 
-def _ddp_style_run(set_epoch: bool, evaluation: bool = False) -> dict[str, Any]:
+def _ddp_style_run(set_epoch: bool, evaluation: bool = False, peek: bool = False) -> dict[str, Any]:
     """A rank's loop as the DDP tutorials write it (rank 0 of 2, no process group needed for
-    the sampler): epochs of 10 batches of 2, a backward on each unless ``evaluation``."""
+    the sampler): epochs of 10 batches of 2, a backward on each unless ``evaluation``; with
+    ``peek``, each epoch first takes one batch to log (`next(iter(loader))`)."""
     sampler = torch.utils.data.distributed.DistributedSampler(Pairs(), num_replicas=2, rank=0)
     loader = torch.utils.data.DataLoader(Pairs(), batch_size=2, sampler=sampler)
     model = torch.nn.Linear(4, 1)
@@ -480,6 +481,9 @@ def _ddp_style_run(set_epoch: bool, evaluation: bool = False) -> dict[str, Any]:
         while not stop.is_set():
             if set_epoch:
                 sampler.set_epoch(epoch)
+            if peek:
+                sample, _ = next(iter(loader))
+                sample.mean()
             for x, y in loader:
                 loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
                 if not evaluation:
@@ -536,6 +540,11 @@ def test_set_epoch_called_or_an_evaluation_loader_is_no_finding() -> None:
     result = _ddp_style_run(set_epoch=True)
     [loader] = [d for d in result["loaders"] if d["sampler"].get("distributed")]
     assert loader["sampler"]["starts_seen"] >= 1 and loader["sampler"]["unchanged_at_starts"] == 0
+    assert set_epoch_finding(result["loaders"], []) is None
+    # and with a batch taken to log before each epoch: two iter() per epoch, one of them no epoch
+    result = _ddp_style_run(set_epoch=True, peek=True)
+    [loader] = [d for d in result["loaders"] if d["sampler"].get("distributed")]
+    assert loader["sampler"]["starts_seen"] >= 2 and loader["sampler"]["unchanged_at_starts"] == 0
     assert set_epoch_finding(result["loaders"], []) is None
     # and an evaluation loop over a shuffling sampler (no backward: its order does not matter)
     result = _ddp_style_run(set_epoch=False, evaluation=True)

@@ -376,9 +376,12 @@ class NextTimer:
         # Batches an epoch of each dataset's loader holds (None: not known, e.g. an
         # IterableDataset), keyed by the dataset's id: read once per loader, in the hook.
         self.lengths: dict[int, int | None] = {}
-        # Per shuffling DistributedSampler's id, its epoch as each iter() of its loader left it:
-        # set_epoch() is called before iter() every epoch, or the order repeats (issue 18).
-        self.sampler_epochs: dict[int, list[int]] = {}
+        # Per shuffling DistributedSampler's id, its epoch as each iter() of its loader left it,
+        # with the batches its loader gave since the iter() before (or the window's start):
+        # set_epoch() is called before iter() every epoch, or the order repeats (issue 18); a
+        # peek (`next(iter(loader))` to log a sample) is an iter() that is no epoch.
+        self.sampler_epochs: dict[int, list[tuple[int, int]]] = {}
+        self._since_start: dict[int, int] = {}  # per loader (its dataset's id)
         # Backward passes per loader (its dataset's id), counted to the loader whose batch the
         # thread took last: a loader whose batches are trained on, not an evaluation's.
         self.backwards: dict[int, int] = {}
@@ -427,7 +430,8 @@ class NextTimer:
             epoch = _attr(token[4], "epoch")
             seen = self.sampler_epochs.setdefault(id(token[4]), [])
             if type(epoch) is int and len(seen) < _MAX_EPOCHS_SEEN:
-                seen.append(epoch)
+                seen.append((epoch, self._since_start.get(token[3], 0)))
+            self._since_start[token[3]] = 0
         self._record(token, elapsed_ns, True)
 
     def _key(self, dataset: Any, iterator: Any) -> int:
@@ -444,6 +448,7 @@ class NextTimer:
         gc_inside = self.gc_s - gc_s
         if not is_start:
             self._last_key[threading.get_ident()] = key
+            self._since_start[key] = self._since_start.get(key, 0) + 1
         with self._lock:
             if self._n >= _MAX_TIMED:
                 return
@@ -612,30 +617,36 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
     if timer is not None:
         result["next_timing"] = timer.summary({t.ident or 0: t.name for t in threading.enumerate()})
         for sampler_id, (row, key) in samplers.items():
-            _follow_epochs(row, timer.sampler_epochs.get(sampler_id, []), timer.backwards.get(key, 0))
+            _follow_epochs(row, timer.sampler_epochs.get(sampler_id, []), timer.backwards.get(key, 0),
+                           timer.lengths.get(key))
     samplers.clear()
     return result
 
 
-def _follow_epochs(row: dict[str, Any], at_starts: list[int], backwards: int) -> None:
+def _follow_epochs(row: dict[str, Any], at_starts: list[tuple[int, int]], backwards: int,
+                   length: int | None) -> None:
     """What the window saw of a shuffling DistributedSampler's epochs: its value as each new
     epoch of its loader began, and how many of those began with the value the epoch before
-    had (the window's first reading counts as one when the loader was inside an epoch then:
-    an iterator that had yielded some but not all of its batches)."""
+    had. An epoch before counts once its loader gave at least half of ``length`` batches in it
+    (an iter() that took one batch to log is no epoch), the window's first reading included
+    when the loader was inside an epoch then (an iterator that had yielded some but not all of
+    its batches)."""
     sampler = row["sampler"]
-    inside = False
+    run = 0
     for it in row.get("iterators") or []:
-        yielded, length = it.get("batches_yielded"), it.get("epoch_batches")
-        if isinstance(yielded, int) and isinstance(length, int):
+        yielded, total = it.get("batches_yielded"), it.get("epoch_batches")
+        if isinstance(yielded, int) and isinstance(total, int):
             yielded -= int(it.get("batches_in_window") or 0)
-            inside = inside or 0 < yielded < length
-    previous = sampler.get("epoch") if inside else None
+            if 0 < yielded < total:
+                run = max(run, yielded)
+    previous = sampler.get("epoch") if run else None
     unchanged = 0
-    for epoch in at_starts:
-        if previous is not None and epoch == previous:
+    for epoch, before in at_starts:
+        run += before
+        if previous is not None and length and 2 * run >= length and epoch == previous:
             unchanged += 1
-        previous = epoch
-    sampler.update({"starts_seen": len(at_starts), "epochs_at_starts": at_starts[:8],
+        previous, run = epoch, 0
+    sampler.update({"starts_seen": len(at_starts), "epochs_at_starts": [e for e, _ in at_starts[:8]],
                     "unchanged_at_starts": unchanged, "backward_passes": backwards})
 
 
