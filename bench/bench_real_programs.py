@@ -112,7 +112,10 @@ def _one_run(program: cases.Program, variant: str, method: str, out: Path,
     if failed:
         ok, why = False, f"phases failed: {failed}; " + why
     if not alive:
-        ok, why = False, "THE PROGRAM DIED: " + why
+        # the run's directory goes with the bench: the program's own last words are kept
+        kept = Path(tempfile.gettempdir()) / f"fp-bench-died-{program.name}-{os.getpid()}-{out.name}.log"
+        kept.write_bytes(log.read_bytes() if log.exists() else b"")
+        ok, why = False, f"THE PROGRAM DIED (its log: {kept}): " + why
     elif mistake and not ok and program.by_chance and why.startswith("missed"):
         why += f" (seen by chance only: {program.by_chance})"
     step = doc.get("step") or doc.get("diagnose", {}).get("step") or "-"
