@@ -608,3 +608,45 @@ def test_a_model_s_unstepped_layers_do_not_make_its_stepped_ones_explode():
     assert sorted(patterns) == ["exploding", "unstepped-layers"], patterns
     exploding = next(f for f in grad_health.findings_for(doc, "g.json") if f.metrics["pattern"] == "exploding")
     assert exploding.metrics["grad_norms"] == [0.5, 5.0, 50.0, 500.0]
+
+
+PHASES = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
+def test_a_val_phases_forward_calls_are_not_measured_as_steps(tmp_path: Path) -> None:
+    # GIVEN the tutorials' train/val epoch: 4 training batches, then 6 under no_grad, with the
+    # model's forward named (measuring after eval calls read a constant norm as "exploding")
+    with program("fp_grads_phases", PHASES) as module:
+        model = module.Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        i = [0]
+
+        def drive() -> None:
+            x = torch.randn(4, 8)
+            if i[0] % 10 < 4:
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                opt.step()
+            else:
+                with torch.no_grad():
+                    model(x)
+            i[0] += 1
+
+        i[0] = 4  # the measuring begins in the val phase
+        out = tmp_path / "g.json"
+        run_handler("torch grads", {"target": spec("fp_grads_phases", "forward", "Net"), "calls": 3,
+                                    "timeout": 30, "path": str(out)}, drive)
+        doc = json.loads(out.read_text())
+    # THEN the calls measured are the training ones, with grad on
+    assert len(doc["measurements"]) == 3
+    assert all(m["autograd"]["grad_enabled"] for m in doc["measurements"])

@@ -78,13 +78,15 @@ class _State:
 
 def record_calls(ctx: Context, spec: dict[str, Any], calls: int, timeout: float,
                  start: Callable[[int], None], stop: Callable[[int], None],
-                 what: str = "recording", budget: float = 0.0) -> dict[str, Any]:
+                 what: str = "recording", budget: float = 0.0,
+                 accept: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Returns {"calls_recorded", "calls_requested", "target", "timed_out", "cancelled",
     "in_flight"[, "budget_s"]}. ``budget`` (seconds, 0: none): once the recorded calls, with the
     recording's own start and stop, have taken that long, no further call is recorded (at
     least MIN_CALLS_IN_BUDGET are): a step of a few ms whose recording costs 0.4 s (an
     actor-critic episode's backward, thousands of allocations with their stacks) made 10 calls
-    4.5 s of a diagnosis."""
+    4.5 s of a diagnosis. ``accept`` (in the calling thread, at a call's entry): whether this
+    call is one to record; the calls it turns down are not counted."""
     target = targets.resolve(spec)
     state = _State(calls, budget)
 
@@ -97,6 +99,8 @@ def record_calls(ctx: Context, spec: dict[str, Any], calls: int, timeout: float,
                 state.depth += 1
                 return None
             if state.closed or state.started >= state.calls:
+                return None
+            if accept is not None and not accept():
                 return None
             state.thread = me
             state.depth = 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import (
@@ -44,6 +45,12 @@ VERSION = 1
 # optimizer waits this long; one without waits profile_window.NO_STEP_WAIT_S (a hand-written
 # update steps after each backward; an inference loop has none to wait for).
 BACKWARD_WAIT_S = 2.0
+# In a program that trains, a call of the method under no_grad (an evaluation pass's forward)
+# is not measured for this long: it changes no gradient, and measuring five of them read a
+# fine-tuning loop's never-zeroed backbone gradients as a constant 1851, "explodes", instead of
+# gradients growing step after step (the transfer-learning tutorial's val phase). Past it, such
+# calls are measured (a loop that only evaluates now).
+NO_GRAD_PATIENCE_S = 3.0
 
 
 class _Run:
@@ -156,6 +163,16 @@ class _Run:
         self.scalers = []
 
 
+def _training_calls(torch: Any) -> Callable[[], bool]:
+    """Calls with grad on, or any once NO_GRAD_PATIENCE_S has passed."""
+    until = time.monotonic() + NO_GRAD_PATIENCE_S
+
+    def accept() -> bool:
+        return bool(torch.is_grad_enabled()) or time.monotonic() > until
+
+    return accept
+
+
 def _mark_unstepped(described: list[dict[str, Any]], models: list[tuple[Any, list[tuple[str, Any]]]],
                     held: set[int]) -> None:
     """On each model some optimizer steps, the layers (indexes into its ``layers``) whose
@@ -206,10 +223,12 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
             run.watch = watch
             run.watch_carried(ctx, spec, watch)
             started = time.monotonic()
+            trains = profile_window.builds_optimizers(torch)
             # In the target's own thread, right after the call: no race with its ops.
-            info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads")
+            info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads",
+                                            accept=_training_calls(torch) if trains else None)
             if not info.get("cancelled"):
-                wait = BACKWARD_WAIT_S if profile_window.builds_optimizers(torch) else profile_window.NO_STEP_WAIT_S
+                wait = BACKWARD_WAIT_S if trains else profile_window.NO_STEP_WAIT_S
                 left = timeout - (time.monotonic() - started)
                 after = run.wait_for_backward(ctx, max(0.0, min(wait, left)))
         else:
