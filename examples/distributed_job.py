@@ -6,7 +6,7 @@ and `diagnose --all-ranks` on it (docs/ranks.md). The --all-ranks tests and benc
 
 MODE: healthy (batches from a DataLoader with one worker process per rank, which inherits the
 rank's environment) | stuck (the odd rank sleeps outside the collective) | skip (the odd rank
-skips an all_reduce and waits in a barrier) | straggler (the odd rank computes ~10x longer per step).
+skips an all_reduce and waits in a barrier) | straggler (the odd rank computes ~10x longer per step, 20 ms at least).
 The odd rank is the last one. Each rank writes READY_DIR/rank<N> (its pid) once its loop runs,
 and prints READY; the loop runs until the launcher is stopped (Ctrl-C). Model state lives in a function's locals, as users write it.
 """
@@ -21,9 +21,12 @@ import torch
 import torch.distributed as dist
 
 
-def slow_data_prep(x: torch.Tensor, repeat: int) -> torch.Tensor:
-    for _ in range(repeat):
+def slow_data_prep(x: torch.Tensor, repeat: int, at_least_s: float = 0.0) -> torch.Tensor:
+    end = time.perf_counter() + at_least_s
+    done = 0
+    while done < repeat or time.perf_counter() < end:
         x = torch.tanh(x @ x.T / x.shape[0])
+        done += 1
     return x
 
 
@@ -31,8 +34,8 @@ def stuck_outside(seconds: float) -> None:
     time.sleep(seconds)  # the odd rank: never reaches the collective
 
 
-def train_step(model: torch.nn.Linear, x: torch.Tensor, repeat: int) -> None:
-    y = slow_data_prep(x, repeat)
+def train_step(model: torch.nn.Linear, x: torch.Tensor, repeat: int, at_least_s: float = 0.0) -> None:
+    y = slow_data_prep(x, repeat, at_least_s)
     loss = model(y).sum()
     loss.backward()
     for p in model.parameters():
@@ -60,14 +63,18 @@ def main() -> None:
     torch.manual_seed(rank)
     model = torch.nn.Linear(64, 64)
     x = torch.randn(64, 64)
-    # the odd rank computes ~10x longer: a straggler that stands out on a loaded 2-core machine
-    repeat = 100 if (mode == "straggler" and odd) else 10
+    # the odd rank computes ~10x longer, and for 20 ms at least: a straggler that stands out
+    # beside the loop's 5 ms sleep on a fast machine too (100 products took 4 ms on an idle one,
+    # and the others' waits were then under the rule's 20 % of a step), not only a loaded one
+    straggles = mode == "straggler" and odd
+    repeat = 100 if straggles else 10
+    at_least_s = 0.02 if straggles else 0.0
     batches = iter(loader()) if mode == "healthy" else None
     step = 0
     while True:
         if batches is not None:
             x = next(batches)
-        train_step(model, x, repeat)
+        train_step(model, x, repeat, at_least_s)
         step += 1
         if step == 3:
             if ready_dir:
