@@ -118,7 +118,9 @@ def test_beside_a_loop_of_short_system_calls_the_target_is_unharmed(state_target
     if proc.returncode == 0:
         assert STATES["syscall_loop"] in _function_names(json.loads(proc.stdout))
     else:
-        assert "did not come up" in proc.stderr
+        # with --json the error is a JSON document on stdout, not a line on stderr
+        error = json.loads(proc.stdout)["error"]
+        assert "did not come up" in error["message"] and error["exit_code"] == 7, error
     t.assert_advances(3)
     run_cli(str(t.pid), "--cmd", "detach")
     t.finish()
