@@ -650,3 +650,27 @@ def test_a_val_phases_forward_calls_are_not_measured_as_steps(tmp_path: Path) ->
     # THEN the calls measured are the training ones, with grad on
     assert len(doc["measurements"]) == 3
     assert all(m["autograd"]["grad_enabled"] for m in doc["measurements"])
+
+
+def test_an_optimizers_step_is_measured_though_it_runs_with_grad_off(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a training loop with the optimizer's step named: torch runs step's body under
+    # no_grad, where the hook's entry is, yet every step follows a backward
+    from flight_profiler.agent.commands import torch_grads
+    monkeypatch.setattr(torch_grads, "NO_GRAD_PATIENCE_S", 60.0)  # no fallback within the test
+    with program("fp_grads_step", PHASES) as module:
+        model = module.Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def drive() -> None:
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+
+        out = tmp_path / "g.json"
+        run_handler("torch grads", {"target": spec("torch.optim.sgd", "step", "SGD"),
+                                    "calls": 3, "timeout": 10, "path": str(out)}, drive)
+        doc = json.loads(out.read_text())
+    # THEN its calls are measured, not waited past
+    assert len(doc["measurements"]) == 3
+    assert all(m["models"][0]["grad_norm"] > 0 for m in doc["measurements"])

@@ -163,12 +163,21 @@ class _Run:
         self.scalers = []
 
 
-def _training_calls(torch: Any) -> Callable[[], bool]:
-    """Calls with grad on, or any once NO_GRAD_PATIENCE_S has passed."""
+def _training_calls(torch: Any, watch: optim_watch.OptimWatch) -> Callable[[], bool]:
+    """Calls with grad on; a call with grad off once a backward has run since the method's
+    previous call; any once NO_GRAD_PATIENCE_S has passed. An evaluation pass's calls run under
+    no_grad with no backward between them. So does every optimizer's ``step`` (its decorator
+    turns grad off before the hooked code runs), but a backward precedes each step: without
+    that, an LBFGS or SGD step named waited out the whole patience (3 s of a diagnosis)."""
     until = time.monotonic() + NO_GRAD_PATIENCE_S
+    with watch.lock:
+        seen = [watch.backwards]
 
     def accept() -> bool:
-        return bool(torch.is_grad_enabled()) or time.monotonic() > until
+        with watch.lock:
+            backwards = watch.backwards
+        ran, seen[0] = backwards != seen[0], backwards
+        return bool(torch.is_grad_enabled()) or ran or time.monotonic() > until
 
     return accept
 
@@ -225,8 +234,9 @@ def handle_grads(ctx: Context) -> dict[str, Any]:
             started = time.monotonic()
             trains = profile_window.builds_optimizers(torch)
             # In the target's own thread, right after the call: no race with its ops.
+            accept = _training_calls(torch, watch) if trains and watch is not None else None
             info = call_window.record_calls(ctx, spec, calls, timeout, run.start, run.stop, what="grads",
-                                            accept=_training_calls(torch) if trains else None)
+                                            accept=accept)
             if not info.get("cancelled"):
                 wait = BACKWARD_WAIT_S if trains else profile_window.NO_STEP_WAIT_S
                 left = timeout - (time.monotonic() - started)
