@@ -202,7 +202,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         # three censuses, each right after a call of the method, each compared with the last
         f"torch tensors __main__ train_step -f {out}/census-middle.json --diff {out}/census-before.json "
         "--timeout 7",
-        "torch dataloader __main__ train_step --sample 2",
+        "torch dataloader __main__ train_step --sample 2 --sample-if-none 1",
         "trace __main__ train_step -n 4 -i 0.01 -d 8 --timeout 7",
         f"torch tensors __main__ train_step -f {out}/census-after.json --diff {out}/census-middle.json "
         "--timeout 7",

@@ -3,6 +3,7 @@ settings, its workers (pid, state, RSS), and the loop's time waiting on it."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -66,6 +67,23 @@ def test_slow_loader_is_described_and_the_wait_measured() -> None:
 def test_no_loader_says_so() -> None:
     result, _ = run_handler("torch dataloader", {"sample": 0})
     assert result["loaders"] == [] and "no DataLoader" in result["note"]
+
+
+def test_sample_if_none_shortens_the_window_only_when_no_loader_is_alive() -> None:
+    # GIVEN no DataLoader alive (earlier tests' are collected first)
+    gc.collect()
+    # WHEN sampled with a shorter look for that case
+    result, _ = run_handler("torch dataloader", {"sample": 1.2, "sample_if_none": 0.3})
+    # THEN the shorter look is taken
+    assert result["loaders"] == [] and 0.25 <= result["sampled_s"] < 0.8
+    # AND with a loader alive the whole sample is
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    result, _ = run_handler("torch dataloader", {"sample": 1.2, "sample_if_none": 0.3})
+    assert result["loaders"] and result["sampled_s"] >= 1.1
+    del loader
+    # AND a bad value is one usage error
+    with pytest.raises(Exception, match="sample-if-none"):
+        run_handler("torch dataloader", {"sample": 1.0, "sample_if_none": 0})
 
 
 def test_classify_a_sleep_and_a_plain_loop() -> None:

@@ -555,7 +555,7 @@ def epoch_batches(iterator: Any) -> int | None:
 
 
 def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = None,
-          timer: NextTimer | None = None) -> dict[str, Any]:
+          timer: NextTimer | None = None, sample_if_none: float | None = None) -> dict[str, Any]:
     """Loaders, their workers (with CPU use over the sampling window) and the threads' waits.
 
     Counters are those at the end of the window, with the batches the loop took during it: a
@@ -565,6 +565,8 @@ def state(sample_seconds: float = 1.0, cancelled: Callable[[], bool] | None = No
     track: list[tuple[dict[str, Any], Any]] = []
     samplers: dict[int, tuple[dict[str, Any], int]] = {}
     loaders = find_loaders(track, samplers)
+    if not loaders and sample_if_none is not None and sample_seconds > 0:
+        sample_seconds = sample_if_none
     t0 = time.monotonic()
     threads = sample_threads(sample_seconds, cancelled=cancelled) if sample_seconds > 0 else []
     elapsed = time.monotonic() - t0

@@ -77,6 +77,10 @@ CPU_RECORD_SKIPPED = ("a CPU-only target: the profile's memory events (profile.j
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
+# ... and no more of them than fit in this many seconds (3 at least): 5 style-transfer LBFGS
+# steps of 150-230 ms made the phase 0.9-1.3 s of a 10-11 s diagnosis.
+WATCH_BUDGET_S = 0.5
+WATCH_MIN_CALLS = 3
 # Without a method, the --duration window ends once every optimizer stepped this many times
 # (after 1 s at least): whole steps are what the report needs, and a fast loop's 5 s window was
 # millions of events (a DQN stepping 450 times a second: 41 s to stop, export and load, of a
@@ -395,6 +399,8 @@ def phase_watch(run: Run, phase: PhaseResult) -> None:
     o = run.options
     assert o.target is not None
     calls = run.calls_for(HEAVY_WATCH_CALLS)
+    if run.first_call_ms:
+        calls = min(calls, max(WATCH_MIN_CALLS, int(WATCH_BUDGET_S * 1000.0 / run.first_call_ms)))
     try:
         request = hooks.watch(run.words(), expr="cost", count=calls, timeout=o.timeout)
         result = run.command(phase, request, expect_calls=calls)
@@ -451,6 +457,10 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     floor = (INPUT_SAMPLE_S if follow else 1.0 if idle
              else INPUT_SAMPLE_S if run.options.target is not None else WINDOW_SAMPLE_S)
     sample = min(5.0, max(floor, 5 * period_s))
+    # No DataLoader alive: nothing's share needs timing over whole batch periods; the method's
+    # calls are followed for 5 of its periods (an evaluation pass every step among them), not
+    # 2 s (1 s of a style-transfer LBFGS step's 10.6 s diagnosis).
+    if_none = max(1.0, 5 * period_s) if follow and period_s > 0 else None
     # With a method, whether a backward reads the graphs its calls build meanwhile (an
     # evaluation pass once an epoch is a few seconds' look away, rarely in a profile's steps).
     # Without one, the optimizer step the profile window found stands for it: the models'
@@ -458,7 +468,9 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     words = run.words() if follow else (run.window_step or ())
     # Beyond the sample: finding the models (1 s at most), waiting for an epoch's end that is
     # near (4 s at most, agent/dataloader_state.START_WAIT_S), the backwards in flight (2 s).
-    result = run.command(phase, basic.dataloader(sample=sample, target=words), timeout=sample + 15)
+    result = run.command(phase, basic.dataloader(sample=sample, target=words,
+                                                 sample_if_none=if_none if if_none and if_none < sample else None),
+                         timeout=sample + 15)
     phase.data["loaders"] = result.get("loaders") or []
     phase.data["threads"] = result.get("threads") or []
     phase.data["next_timing"] = result.get("next_timing") or []

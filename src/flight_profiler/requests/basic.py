@@ -34,11 +34,16 @@ def fr() -> AgentRequest:
     return AgentRequest("torch fr", {}, "torch fr")
 
 
-def dataloader(sample: float | None = None, target: Sequence[str] = ()) -> AgentRequest:
-    """``sample`` seconds of stack sampling (default 1; 0: none); with ``target``, whether a
-    backward reads the graphs its calls build meanwhile."""
+def dataloader(sample: float | None = None, target: Sequence[str] = (),
+               sample_if_none: float | None = None) -> AgentRequest:
+    """``sample`` seconds of stack sampling (default 1; 0: none), ``sample_if_none`` instead
+    when no DataLoader is alive; with ``target``, whether a backward reads the graphs its calls
+    build meanwhile."""
     args: dict[str, Any] = {"sample": 1.0 if sample is None else sample}
+    if sample_if_none is not None:
+        args["sample_if_none"] = sample_if_none
     if target:
         args["target"] = target_args(target)
+    line = Line("torch dataloader", *target).option("--sample", sample)
     return AgentRequest("torch dataloader", args,
-                        str(Line("torch dataloader", *target).option("--sample", sample)))
+                        str(line.option("--sample-if-none", sample_if_none)))

@@ -240,6 +240,8 @@ def profile(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.argument("target", nargs=-1)
 @click.option("--sample", type=click.FloatRange(0, 60), default=1.0, show_default=True,
               help="Seconds of stack sampling to see what each thread waits on (0: none).")
+@click.option("--sample-if-none", type=click.FloatRange(0.1, 60), default=None,
+              help="Seconds to sample instead when no DataLoader is alive (default: --sample).")
 @click.pass_context
 def dataloader(ctx: click.Context, /, **_: Any) -> AgentRequest:
     """Live DataLoaders: settings, workers, what the loop waits on.

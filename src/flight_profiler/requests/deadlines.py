@@ -57,7 +57,7 @@ def own_limit(request: AgentRequest) -> float | None:
     if cmd == "torch anomaly":
         return _seconds(args, "timeout", _DEFAULT_CALLS_TIMEOUT_S)
     if cmd == "torch dataloader":
-        return _seconds(args, "sample", 1.0)
+        return max(_seconds(args, "sample", 1.0), _seconds(args, "sample_if_none"))
     return 0.0
 
 

@@ -1,7 +1,9 @@
 """``torch dataloader``: the DataLoaders alive in the target, their settings, their workers, and
 what the threads iterating them wait on (agent/dataloader_state.py does the work).
 
-args: sample (seconds of stack sampling, 0 for none; default 1). While sampling, every
+args: sample (seconds of stack sampling, 0 for none; default 1), sample_if_none (seconds to
+sample instead when no DataLoader is alive: what is left to see is the loop's own calls, which
+a diagnosis that knows their period needs less of). While sampling, every
 DataLoader next() is timed too (``next_timing``: the DataLoader's share of each loop, without a
 profiler's overhead). With ``target`` (a method, as the hooking commands take it), the graphs
 its calls build during the window are followed too (agent/graph_use.py: ``graph_use``, which
@@ -39,6 +41,15 @@ def handle_dataloader(ctx: Context) -> dict[str, Any]:
         sample = -1.0
     if not 0 <= sample <= 60:
         raise CommandError(f"bad --sample {ctx.arg('sample')!r}", "seconds between 0 and 60", ERR_USAGE)
+    if_none = ctx.arg("sample_if_none")
+    if if_none is not None:
+        try:
+            if_none = float(if_none)
+        except (TypeError, ValueError):
+            if_none = -1.0
+        if not 0 < if_none <= 60:
+            raise CommandError(f"bad --sample-if-none {ctx.arg('sample_if_none')!r}",
+                               "seconds above 0, at most 60", ERR_USAGE)
     timer = _timer(ctx) if sample > 0 else None
     spec = ctx.arg("target")
     followed = _graph_use(ctx, torch, spec) if spec and sample > 0 else None
@@ -46,7 +57,8 @@ def handle_dataloader(ctx: Context) -> dict[str, Any]:
     if timer is not None and use is not None:
         timer.overhead = lambda: use.overhead_s
     try:
-        result = dataloader_state.state(sample, cancelled=lambda: bool(ctx.cancelled), timer=timer)
+        result = dataloader_state.state(sample, cancelled=lambda: bool(ctx.cancelled), timer=timer,
+                                        sample_if_none=if_none)
     finally:
         if use is not None:
             use.close()
