@@ -250,6 +250,32 @@ def test_watch_and_trace_numbers(options: DiagnoseOptions) -> None:
     assert where["self_pct"] == 10.0
 
 
+def test_a_quick_method_in_a_slow_loop_is_watched_traced_and_measured_over_fewer_calls(
+        options: DiagnoseOptions) -> None:
+    # GIVEN a forward of 5 ms called once a step of 220 ms (a language model whose carried
+    # hidden state makes every backward longer)
+    def watch(words: list[str], on_event: Any) -> dict[str, Any]:
+        count = int(words[words.index("-n") + 1])
+        on_event({"type": "watching"})
+        for n in range(count):
+            on_event({"type": "call", "n": n + 1, "cost_ms": 5.0, "ts": 1000.0 + 0.22 * n,
+                      "thread": "MainThread"})
+        return {"reason": "count", "matched": count, "target": "__main__.train_step"}
+
+    driver = FakeDriver(overrides={"watch": watch})
+    result = run_diagnosis(driver, options)
+    counts = {line.split()[0] if not line.startswith("torch") else " ".join(line.split()[:2]):
+              int(line.split()[line.split().index("-n") + 1])
+              for line in driver.lines[1:] if "-n" in line.split()}
+    # THEN the watch takes all 4 (its first call's 5 ms said nothing of the period), and
+    # the trace and the gradients, knowing the 220 ms period, the 3 that fit in 0.6 s
+    assert result.phase("watch").data["loop"]["period_ms"] == pytest.approx(220.0)
+    assert counts["watch"] == 4
+    assert counts["trace"] == 3 and counts["torch grads"] == 3
+    # AND the profile's calls are not cut: its whole steps are the report's per-step figures
+    assert counts["torch profile"] == 4
+
+
 def test_method_never_called_skips_its_phases_and_profiles_a_window(options: DiagnoseOptions) -> None:
     def never(words: list[str], on_event: Any) -> dict[str, Any]:
         on_event({"type": "watching"})

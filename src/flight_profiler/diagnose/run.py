@@ -25,6 +25,14 @@ BACKSTOP_S = 15.0
 MAX_KEPT_EVENTS = 20_000
 # A call at least this long is costly to record or trace (see Run.calls_for).
 HEAVY_CALL_MS = 50.0
+# The watch, the trace and the gradients take no more of the method's calls than its period
+# fits in this many seconds (Run.calls_within), CALLS_LEAST at least: a forward of a few ms
+# in a step of 220 ms (a language model whose hidden state is never detached) made 10 watched
+# and 10 traced calls 4.5 s of a 10.7 s diagnosis, and 5 LBFGS steps of 150-230 ms made the
+# watch 0.9-1.3 s of 10-11 s. The spread of a cost, where the time goes and a gradient's trend
+# show in 3 calls (the least every costly method already gets).
+CALLS_WINDOW_S = 0.6
+CALLS_LEAST = 3
 
 
 def calls_seen(event: dict[str, Any], seen: int) -> int:
@@ -65,6 +73,10 @@ class Run:
     census_before_at: float = 0.0
     watch_loop: dict[str, Any] | None = None  # the method's share of its loop (watch phase)
     first_call_ms: float | None = None  # the cost of the call the locate phase saw
+    # Seconds from one call of the method to the next, as far as known: at least the first
+    # call's cost, then the profile window's calls (under the profiler, so long rather than
+    # short), then the watch's own measure of the loop.
+    call_period_s: float | None = None
     # Without a method: the optimizer's step the profile window found (`module class step`, the
     # optimizer that stepped least: a GAN's generator, accumulation's real step), and its rate.
     window_step: list[str] | None = None
@@ -80,6 +92,14 @@ class Run:
         if self.first_call_ms is not None and self.first_call_ms >= HEAVY_CALL_MS:
             return min(calls, heavy_cap)
         return calls
+
+    def calls_within(self, calls: int) -> int:
+        """``calls``, but no more than the method's period fits in CALLS_WINDOW_S (CALLS_LEAST
+        at least, never more than ``calls``)."""
+        period = self.call_period_s
+        if period is None or period <= 0:
+            return calls
+        return min(calls, max(CALLS_LEAST, int(CALLS_WINDOW_S / period)))
 
     def path(self, name: str) -> str:
         """An artefact's path (the request's line quotes it if it needs quoting)."""

@@ -31,7 +31,7 @@ def phase_grads(run: Run, phase: PhaseResult) -> None:
     path = run.path("grads.json")
     method = o.target is not None and bool(run.method_called)
     # A costly call (a whole LBFGS step) gets the least that shows growth, like record and trace.
-    calls = max(GRAD_CALLS_MIN, min(run.calls_for(GRAD_CALLS_MIN), 5))
+    calls = run.calls_within(max(GRAD_CALLS_MIN, min(run.calls_for(GRAD_CALLS_MIN), 5)))
     try:
         if method:
             assert o.target is not None

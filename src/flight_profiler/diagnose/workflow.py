@@ -77,10 +77,6 @@ CPU_RECORD_SKIPPED = ("a CPU-only target: the profile's memory events (profile.j
 # Calls whose cost is watched when one is costly: their spread (median, p90, outliers) is judged
 # on 5 as well as on 10, and 10 LBFGS steps took 2-6 s of the diagnosis here.
 HEAVY_WATCH_CALLS = 5
-# ... and no more of them than fit in this many seconds (3 at least): 5 style-transfer LBFGS
-# steps of 150-230 ms made the phase 0.9-1.3 s of a 10-11 s diagnosis.
-WATCH_BUDGET_S = 0.5
-WATCH_MIN_CALLS = 3
 # Without a method, the --duration window ends once every optimizer stepped this many times
 # (after 1 s at least): whole steps are what the report needs, and a fast loop's 5 s window was
 # millions of events (a DQN stepping 450 times a second: 41 s to stop, export and load, of a
@@ -161,6 +157,7 @@ def phase_locate(run: Run, phase: PhaseResult) -> None:
                    "calls are skipped")
     phase.data["first_call_ms"] = round(costs[0], 4) if costs else None
     run.first_call_ms = costs[0] if costs else None
+    run.call_period_s = costs[0] / 1000.0 if costs else None
 
 
 # How long the locate phase watches before it asks whether the loop trains without the method,
@@ -318,6 +315,9 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
                                          with_stack=True, timeout=o.timeout, row_limit=0)
         result = run.command(phase, request, timeout=o.timeout + EXPORT_S, expect_calls=calls)
         if result.get("mode") == "around":
+            entered, window = result.get("calls_entered"), result.get("window_s")
+            if isinstance(entered, int) and entered >= 2 and isinstance(window, (int, float)):
+                run.call_period_s = max(run.call_period_s or 0.0, float(window) / entered)
             steps = ", ".join(f"optimizer {k}: {n} steps"
                               for k, n in (result.get("optimizer_steps") or {}).items())
             phase.data["mode"] = (f"all threads around {result.get('calls_entered')} calls of "
@@ -398,9 +398,7 @@ def phase_watch(run: Run, phase: PhaseResult) -> None:
     run.require_method()
     o = run.options
     assert o.target is not None
-    calls = run.calls_for(HEAVY_WATCH_CALLS)
-    if run.first_call_ms:
-        calls = min(calls, max(WATCH_MIN_CALLS, int(WATCH_BUDGET_S * 1000.0 / run.first_call_ms)))
+    calls = run.calls_within(run.calls_for(HEAVY_WATCH_CALLS))
     try:
         request = hooks.watch(run.words(), expr="cost", count=calls, timeout=o.timeout)
         result = run.command(phase, request, expect_calls=calls)
@@ -410,6 +408,9 @@ def phase_watch(run: Run, phase: PhaseResult) -> None:
         raise
     _summarise_watch(phase, result)
     run.watch_loop = phase.data.get("loop")
+    period_ms = (run.watch_loop or {}).get("period_ms")
+    if isinstance(period_ms, (int, float)) and period_ms > 0:
+        run.call_period_s = float(period_ms) / 1000.0
     _note_partial(phase, {"calls_recorded": phase.data["cost"].get("calls", 0)}, calls)
 
 
@@ -490,7 +491,7 @@ def phase_trace(run: Run, phase: PhaseResult) -> None:
     assert o.target is not None
     try:
         # -i 0.01: keep callees down to 10 us so that small Python-level costs still add up.
-        calls = run.calls_for(HEAVY_CALLS)
+        calls = run.calls_within(run.calls_for(HEAVY_CALLS))
         request = hooks.trace(run.words(), count=calls, min_ms=0.01, depth=TRACE_DEPTH,
                               timeout=o.timeout)
         result = run.command(phase, request, expect_calls=calls)
