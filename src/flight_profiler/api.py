@@ -65,8 +65,12 @@ class Session:
     """A connection to the agent in one process."""
 
     def __init__(self, pid: int, client: AgentClient, injected: bool, attach_seconds: float,
-                 method: str | None = None) -> None:
+                 method: str | None = None,
+                 last_words: Callable[[], str | None] | None = None) -> None:
         self.pid = pid
+        # when the connection is lost: what the target wrote while the agent held its stderr,
+        # if it died meanwhile (attach/last_words.py)
+        self._last_words = last_words
         self.client: AgentClient | None = client
         self.injected = injected  # True when this connect() put the agent there
         self.attach_seconds = attach_seconds
@@ -119,9 +123,13 @@ class Session:
                     answers.check_result(cmd, exc.result)
                 raise
             answers.check_result(cmd, result)
-        except (FlightProfilerError, RequestInterrupted):
+        except (FlightProfilerError, RequestInterrupted) as exc:
             if request.cmd == "detach" or client.closed:
                 self.close()
+            if isinstance(exc, AgentLost) and self._last_words is not None:
+                words = self._last_words()
+                if words:
+                    raise AgentLost(f"{exc.message}; {words}", exc.hint) from exc
             raise
         if request.cmd == "detach":
             self.close()
@@ -217,7 +225,7 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
             client = where.connect(timeout)
             elapsed = time.monotonic() - started
             say(f"reused the agent already running in {pid} ({elapsed * 1000:.0f} ms)")
-            return Session(pid, client, False, elapsed)
+            return Session(pid, client, False, elapsed, last_words=where.last_words())
         except AgentBusy as exc:
             raise AttachTimeout(
                 f"the agent in process {pid} is running but did not answer: {exc}",
@@ -242,7 +250,7 @@ def connect(pid: int, timeout: float = 10.0, method: str = "auto", verbose: bool
                 client = where.connect(timeout)
                 elapsed = time.monotonic() - started
                 say(f"another attach put the agent there meanwhile ({elapsed:.2f}s)")
-                return Session(pid, client, False, elapsed)
+                return Session(pid, client, False, elapsed, last_words=where.last_words())
             except (NoAgent, AgentBusy):
                 pass
             process.check_injectable(pid)
@@ -278,6 +286,12 @@ class _Where:
         return AgentClient.connect(self.directory.via_fd(self.sock), t.ns_pid, t.start_time,
                                    timeout=timeout, peer=(t.pid, *(t.uids or (t.uid,))))
 
+    def last_words(self) -> Callable[[], str | None]:
+        from flight_profiler.attach import last_words
+
+        t = self.target
+        return last_words.finder(t.pid, t.home, t.root, self.log)
+
     def log_size(self) -> int:
         return self.directory.size(self.log)
 
@@ -301,7 +315,7 @@ def _inject_and_connect(target: TargetInfo, where: _Where, timeout: float, metho
     client = _wait_for_agent(target, where, deadline, injection, say, log_offset)
     elapsed = time.monotonic() - started
     say(f"agent answered after {elapsed:.2f}s")
-    return Session(pid, client, True, elapsed, injection.method)
+    return Session(pid, client, True, elapsed, injection.method, last_words=where.last_words())
 
 
 def _wait_for_agent(target: TargetInfo, where: _Where, deadline: float, injection: Injection,

@@ -11,7 +11,7 @@ from test_server import REMOVED, _client, _hooks, agent  # noqa: F401  (the fixt
 
 from flight_profiler.api import Session
 from flight_profiler.client import RequestInterrupted, RequestTimeout
-from flight_profiler.errors import RemoteCommandError
+from flight_profiler.errors import AgentLost, RemoteCommandError
 from flight_profiler.requests import AgentRequest, basic
 
 
@@ -80,3 +80,37 @@ def test_stream_takes_a_built_request_and_leaving_early_cancels(agent: str) -> N
     assert ticks == [1, 2]
     assert session.last_result is not None and session.last_result["cancelled"] is True
     assert REMOVED == ["hook"]
+
+
+class _LostClient:
+    """A connection whose agent went away mid-request (its process died)."""
+
+    closed = True
+
+    def __init__(self) -> None:
+        self.hello: dict[str, Any] = {}
+
+    def execute(self, *args: Any) -> dict[str, Any]:
+        raise AgentLost("the agent closed the connection (did the target exit?)")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_lost_agent_says_what_the_dead_target_wrote_while_its_stderr_was_held() -> None:
+    # GIVEN a session whose target died while the agent held its stderr (attach/last_words.py)
+    words = "it exited while the agent held back its stderr (...); what it wrote last: boom"
+    session = Session(os.getpid(), _LostClient(), injected=False,  # type: ignore[arg-type]
+                      attach_seconds=0.0, last_words=lambda: words)
+    # WHEN a request loses the connection
+    with pytest.raises(AgentLost) as lost:
+        session.execute(basic.status())
+    # THEN the error says both, and the session is closed
+    assert lost.value.message.endswith(words) and "closed the connection" in lost.value.message
+    assert session.client is None
+    # AND with nothing held the error is the plain one
+    session = Session(os.getpid(), _LostClient(), injected=False,  # type: ignore[arg-type]
+                      attach_seconds=0.0, last_words=lambda: None)
+    with pytest.raises(AgentLost) as lost:
+        session.execute(basic.status())
+    assert lost.value.message == "the agent closed the connection (did the target exit?)"

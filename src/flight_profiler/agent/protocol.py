@@ -110,6 +110,12 @@ def socket_name(pid: int, pidns: int | None = None) -> str:
     return f"agent-{agent_key(pid, pidns)}.sock"
 
 
+# Infix of the files beside an agent's log that hold the target's stderr while torch's profiler
+# runs (torch_support.QuietStderr); the CLI reads them when the target dies meanwhile
+# (attach/last_words.py).
+HELD_STDERR = ".held-stderr-"
+
+
 def log_name(pid: int, pidns: int | None = None) -> str:
     return f"agent-{agent_key(pid, pidns)}.log"
 

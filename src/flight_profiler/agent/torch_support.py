@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import json
 import os
 import pickle
@@ -21,9 +22,10 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from . import agent_log
 from .atomic import write_atomic
 from .importing import still_importing
-from .protocol import ERR_TORCH_MISSING, ERR_USAGE
+from .protocol import ERR_TORCH_MISSING, ERR_USAGE, HELD_STDERR
 from .registry import CommandError
 
 # Snapshot pickles are read by our report through a restricted unpickler and by PyTorch's
@@ -253,6 +255,27 @@ def plain(obj: Any, depth: int = 0) -> Any:
     return str(obj)
 
 
+_held_count = itertools.count(1)
+
+
+def _held_file() -> tuple[Any, str | None]:
+    """Where fd 2 points while held: a new file beside the agent's log (in its private 0700
+    directory), which outlives the process if it dies meanwhile, so that its last words (an
+    abort's message, faulthandler's traceback) are not lost with an unlinked temp file; an
+    anonymous temp file when the agent has no log."""
+    log = agent_log.LOG.path
+    if log.endswith(".log"):
+        path = f"{log[:-4]}{HELD_STDERR}{os.getpid()}-{next(_held_count)}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError:
+            pass
+        else:
+            return os.fdopen(fd, "w+b"), path
+    return tempfile.TemporaryFile(), None
+
+
 class QuietStderr:
     """Keep PyTorch's native log lines out of the target's stderr, and nothing else.
 
@@ -268,6 +291,7 @@ class QuietStderr:
     def __init__(self, python_warnings: bool = True) -> None:
         self._saved = -1
         self._tmp: Any = None
+        self._held: str | None = None
         self._catch: Any = None
         self._lock = threading.Lock()
         with contextlib.suppress(Exception):
@@ -277,22 +301,26 @@ class QuietStderr:
             self._catch.__enter__()
             warnings.simplefilter("ignore")
         try:
-            tmp = tempfile.TemporaryFile()  # noqa: SIM115  (closed in close())
+            tmp, held = _held_file()
+        except OSError:
+            return
+        try:
             saved = os.dup(2)
         except OSError:
+            _drop(tmp, held)
             return
         try:
             os.dup2(tmp.fileno(), 2)
         except OSError:
             os.close(saved)
-            tmp.close()
+            _drop(tmp, held)
             return
-        self._saved, self._tmp = saved, tmp
+        self._saved, self._tmp, self._held = saved, tmp, held
 
     def close(self) -> None:
         with self._lock:
-            saved, tmp, catch = self._saved, self._tmp, self._catch
-            self._saved, self._tmp, self._catch = -1, None, None
+            saved, tmp, catch, held = self._saved, self._tmp, self._catch, self._held
+            self._saved, self._tmp, self._catch, self._held = -1, None, None, None
         if catch is not None:
             catch.__exit__(None, None, None)
         if saved < 0:
@@ -308,7 +336,14 @@ class QuietStderr:
         except OSError:
             pass
         finally:
-            tmp.close()
+            _drop(tmp, held)
+
+
+def _drop(tmp: Any, held: str | None) -> None:
+    tmp.close()
+    if held is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(held)
 
 
 @contextlib.contextmanager

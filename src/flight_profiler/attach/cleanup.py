@@ -24,7 +24,8 @@ from flight_profiler.agent import protocol
 from flight_profiler.attach import staging
 from flight_profiler.attach.agent_dir import AgentDir
 
-_NAME = re.compile(r"^(?:agent-(?P<a>(?:\d+-)?\d+)\.(?:sock|log(?:\.1)?)"
+# a held-stderr file is left only by a target that died while it held (last_words.py)
+_NAME = re.compile(r"^(?:agent-(?P<a>(?:\d+-)?\d+)\.(?:sock|log(?:\.1)?|held-stderr-\d+-\d+)"
                    r"|\.attach-(?P<b>(?:\d+-)?\d+)\.lock)$")
 _ABANDONED_AFTER = staging.SETTLE_SECONDS  # a .staging-* directory this old lost its CLI
 
