@@ -219,15 +219,15 @@ def test_window_mode_sees_other_threads(tmp_path):
 def test_a_windows_own_span_is_given_apart_from_its_stop(tmp_path, monkeypatch):
     # duration_s takes in the stop (torch's post-processing: seconds for a dense window); rates
     # are measured on window_s
-    from flight_profiler.agent.commands import torch_profile
+    from flight_profiler.agent import profiler_sessions
 
-    real = torch_profile.stop_profiler
+    real = profiler_sessions.stop_profiler
 
     def slow_stop(prof: Any) -> None:
         time.sleep(0.5)
         real(prof)
 
-    monkeypatch.setattr(torch_profile, "stop_profiler", slow_stop)
+    monkeypatch.setattr(profiler_sessions, "stop_profiler", slow_stop)
     result, _ = run_handler("torch profile", {"duration": 0.3, "path": str(tmp_path / "w.json")})
     assert 0.3 <= result["window_s"] < 0.5 <= result["duration_s"] - result["window_s"] + 0.05, result
 
@@ -273,8 +273,12 @@ def test_a_window_with_steps_ends_once_every_optimizer_stepped(tmp_path, loop, m
             (steps,) = result["optimizer_steps"].values()
             assert steps >= 20
         assert took < 10.0
+        # stopped in the training thread at a step boundary, never while its op runs
+        assert result["stopped_in"] == "trainer", result
     else:
         assert "ended_by_steps" not in result and result["duration_s"] >= 1.5
+        # no boundary to wait for: the main thread's safe point, else the agent's thread
+        assert result["stopped_in"] in ("MainThread", "agent") and took < 1.5 + 5.0, result
     assert hooks.active() == []
 
 
@@ -625,6 +629,7 @@ def test_a_window_around_a_method_called_per_character_adds_few_events_of_its_ow
     marked = sum(1 for e in events if str(e.get("name", "")).startswith("flight_profiler.call#"))
     ours = sum(1 for e in events if e.get("cat") == "python_function" and e["tid"] in window)
     assert result["mode"] == "around" and len(trainer) == 1 and marked >= 300, (result, marked)
+    assert result["stopped_in"] == "trainer", result  # at a call's entry, in its own thread
     assert len(window) == 1 and not window & trainer
     # torch's stop and the trace's writing are timed apart, within the whole
     assert result["stop_s"] > 0 and result["export_s"] > 0, result

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from . import hooks, targets
-from .profiler_sessions import start_profiler, stop_profiler
+from .profiler_sessions import BoundaryStop, start_profiler
 from .protocol import ERR_FAILED
 from .registry import CommandError, Context
 from .step_marks import BACKWARD_SPEC, StepMarks, hook_optimizers, optimizer_classes
@@ -52,6 +52,17 @@ CLOSURE_STEPS_AFTER_S = 1.0
 # (761 in a 1.6 s window), this loop and the Event it waited on were 90,000 of the window's
 # 450,000 events (a fifth of its 5.8 s stop and export). Polled, a window ends at most this late.
 POLL_S = 0.02
+# How long a window that has ended waits for a training thread to reach a step boundary, where
+# the session is stopped in that thread (profiler_sessions.BoundaryStop); a loop in steps
+# reaches one within a step. Past it (nothing trains any more), the agent's thread stops it.
+BOUNDARY_WAIT_S = 2.0
+BOUNDARY_WAIT_CANCELLED_S = 0.5
+
+
+def stop_at_boundary(stopper: BoundaryStop, cancelled: bool, seen: bool) -> None:
+    """``seen``: whether the window saw a boundary at all (a call, a backward, a step); where
+    none came, none is waited for (an inference loop: the main thread's next safe point)."""
+    stopper.stop(0.0 if not seen else BOUNDARY_WAIT_CANCELLED_S if cancelled else BOUNDARY_WAIT_S)
 
 
 def all_threads_config(torch: Any) -> Any:
@@ -172,6 +183,8 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
     start_profiler(prof)  # the with_stack walk of every thread, safely (profiler_sessions.py)
     started = time.monotonic()
     timed_out = cancelled = False
+    stopper = BoundaryStop(prof, torch.cuda.synchronize if use_cuda else None)
+    marks.boundary = stopper.boundary
     try:
         remove = hooks.install(target, marks.on_enter, marks.on_exit)
         ctx.add_hook(f"profile window around {target.description}", remove)
@@ -193,12 +206,12 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
                 cancelled = True
                 break
     finally:
-        ctx.remove_hooks()  # no new mark once the session ends
         window_s = time.monotonic() - started
-        if use_cuda:
-            torch.cuda.synchronize()
         stopping = time.monotonic()
-        stop_profiler(prof)
+        try:
+            stop_at_boundary(stopper, cancelled or bool(ctx.cancelled), marks.entered > 0)
+        finally:
+            ctx.remove_hooks()  # no new mark once the session has ended
         stop_s = time.monotonic() - stopping
     info: dict[str, Any] = {
         "target": target.description, "calls_requested": calls,
@@ -206,7 +219,7 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
         "optimizer_steps": marks.optimizer_steps(), "all_threads": True,
         "duration_s": round(time.monotonic() - started, 3), "window_s": round(window_s, 3),
         "stop_s": round(stop_s, 3), "timed_out": timed_out,
-        "cancelled": cancelled,
+        "cancelled": cancelled, "stopped_in": stopper.where,
     }
     if marks.entered == 0:
         del prof

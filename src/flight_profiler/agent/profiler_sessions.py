@@ -25,11 +25,13 @@ import gc
 import os
 import sys
 import tempfile
+import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .call_window import Sessions
+from .safepoint import SafePointTimeout, run_in_main_thread
 from .torch_support import QuietStderr, quiet_native_stderr
 
 
@@ -207,6 +209,75 @@ def stop_profiler(prof: Any) -> None:
     """``prof.stop()`` likewise: it takes the tracer off every thread's state in turn."""
     with no_other_python(), quiet_native_stderr():
         prof.stop()
+
+
+# How long a session's stop waits for the main thread's next safe point when no step boundary
+# came (BoundaryStop.stop).
+MAIN_THREAD_WAIT_S = 1.0
+
+
+class BoundaryStop:
+    """Stops an all-threads session at the next step boundary a training thread reaches (the
+    method's entry, a backward's, an optimizer step's end: ``boundary`` is called from those
+    hooks), in that thread, between two of its ops; from the agent's thread only when none
+    comes in time (``stop``).
+
+    Why: stopped from the agent's thread, the session's state was freed while the training
+    thread was inside an op (the GIL released) whose end callback still used it: SIGSEGV in
+    a DDP trainer's ``dropout``, faulthandler's traceback showing the agent in ``prof.stop()``
+    (2 of about 190 diagnoses, then 1 in 38 back-to-back windows on that trainer). In the
+    training thread itself no op of its own is in flight, and a scope it opened during the
+    session ends on a stopped profiler, which torch's exit callbacks allow for."""
+
+    def __init__(self, prof: Any, before: Callable[[], Any] | None = None) -> None:
+        self._prof = prof
+        self._before = before  # right before the stop, in the same thread (a CUDA synchronize)
+        self._lock = threading.Lock()
+        self._requested = False
+        self.done = threading.Event()
+        self.where = ""  # the thread that stopped the session
+        self._error: BaseException | None = None
+
+    def boundary(self) -> None:
+        """From the target's hooks: stop here if a stop was asked for and none ran yet."""
+        if not self._requested or self.done.is_set():
+            return
+        with self._lock:
+            if self.done.is_set():
+                return
+            try:
+                if self._before is not None:
+                    self._before()
+                stop_profiler(self._prof)
+            except BaseException as exc:  # for the agent's thread to raise, never here
+                self._error = exc
+            finally:
+                self.where = threading.current_thread().name
+                self.done.set()
+
+    def stop(self, wait: float, main_wait: float = MAIN_THREAD_WAIT_S) -> None:
+        """Ask for the stop; after ``wait`` s without a boundary, in the main thread between
+        two bytecodes (an inference loop's ops in flight are its); after ``main_wait`` s more
+        (a main thread parked in ``join()``), from this thread."""
+        self._requested = True
+        if wait > 0:
+            self.done.wait(wait)
+        if not self.done.is_set():
+            with contextlib.suppress(SafePointTimeout):
+                run_in_main_thread(self.boundary, main_wait)
+        if not self.done.is_set():
+            with self._lock:
+                if not self.done.is_set():
+                    try:
+                        if self._before is not None:
+                            self._before()
+                        stop_profiler(self._prof)
+                    finally:
+                        self.where = "agent"
+                        self.done.set()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def schedule_roles(wait: int, warmup: int, active: int, repeat: int) -> list[str]:

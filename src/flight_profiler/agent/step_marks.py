@@ -109,9 +109,14 @@ class StepMarks:
         self.backwards = 0
         self.closure_backwards = 0  # of them, those run inside an optimizer's step()
         self.step_codes = optimizer_step_codes(torch)  # every optimizer class's step()
+        # Called first in each mark's hook, in the thread that reached it: a step boundary, where
+        # a session may be stopped (profiler_sessions.BoundaryStop.boundary).
+        self.boundary: Callable[[], None] | None = None
 
     # -- the method --------------------------------------------------------------------------
     def on_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if self.boundary is not None:
+            self.boundary()
         with self._lock:
             self.entered += 1
         mark = self._record(self._call_name)
@@ -126,6 +131,8 @@ class StepMarks:
 
     # -- backward --------------------------------------------------------------------------
     def on_backward_enter(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if self.boundary is not None:
+            self.boundary()
         mark = self._record(BACKWARD_MARK)
         mark.__enter__()
         return (mark, in_optimizer_step(self.step_codes))
@@ -153,6 +160,8 @@ class StepMarks:
     # -- the optimizers ----------------------------------------------------------------------
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
+            if self.boundary is not None:
+                self.boundary()
             with self._lock:
                 number = self._optimizers.get(id(optimizer))
                 if number is None:

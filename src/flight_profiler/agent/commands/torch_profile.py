@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from .. import call_window, profile_window, targets, trace_tools
-from ..profiler_sessions import PerCall, schedule_roles, start_profiler, stop_profiler
+from ..profiler_sessions import BoundaryStop, PerCall, schedule_roles, start_profiler
 from ..protocol import ERR_FAILED, ERR_USAGE
 from ..registry import CommandError, Context
 from ..step_marks import CALL_MARK, NAMED_STEP, OPTIMIZER_MARK, StepMarks
@@ -226,6 +226,11 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
     cancelled = False
     ended_by_steps = False
     marks = StepMarks(torch, None)
+    # Stopped where a training thread reaches a backward or an optimizer step, in that thread
+    # (profiler_sessions.BoundaryStop): stopped from here while it was inside an op, a session
+    # crashed the target.
+    stopper = BoundaryStop(prof, torch.cuda.synchronize if use_cuda else None)
+    marks.boundary = stopper.boundary
     try:
         profile_window.mark_optimizers(ctx, torch, marks)
         # Without an optimizer (a hand-written update), backward passes are the steps.
@@ -251,16 +256,18 @@ def _window(ctx: Context, torch: Any, duration: float, use_cuda: bool, options: 
                 cancelled = True
                 break
     finally:
-        ctx.remove_hooks()
         window_s = time.monotonic() - started
-        if use_cuda:
-            torch.cuda.synchronize()
-        stop_profiler(prof)
+        try:
+            profile_window.stop_at_boundary(stopper, cancelled or bool(ctx.cancelled),
+                                            bool(marks.backwards or marks.fewest_steps()))
+        finally:
+            ctx.remove_hooks()
     # duration_s takes in the stop (seconds for a dense window: torch's post-processing), so the
     # window's own span, which its steps' rate is measured on, is given apart.
     info: dict[str, Any] = {"duration_s": round(time.monotonic() - started, 3),
                             "window_s": round(window_s, 3), "all_threads": all_threads,
-                            "cancelled": cancelled, "optimizer_steps": marks.optimizer_steps(),
+                            "cancelled": cancelled, "stopped_in": stopper.where,
+                            "optimizer_steps": marks.optimizer_steps(),
                             "optimizer_classes": marks.optimizer_classes()}
     if ended_by_steps:
         info["ended_by_steps"] = steps

@@ -43,8 +43,8 @@ import time
 from collections import deque
 from typing import Any
 
-from ..profile_window import all_threads_config
-from ..profiler_sessions import start_profiler, stop_profiler
+from ..profile_window import all_threads_config, stop_at_boundary
+from ..profiler_sessions import BoundaryStop, start_profiler
 from ..step_marks import StepMarks
 from ..torch_support import cuda_in_use, quiet_native_stderr
 from .base import Trigger
@@ -203,7 +203,11 @@ class SlowTrigger(Trigger):
                                       experimental_config=all_threads_config(torch))
         start_profiler(prof)
         self.started_after_s = time.time() - (self._fired_wall or time.time())
-        self._marks = StepMarks(torch, None)
+        marks = StepMarks(torch, None)
+        # stopped at the next optimizer step's end, in the training thread (BoundaryStop)
+        stopper = BoundaryStop(prof, torch.cuda.synchronize if use_cuda else None)
+        marks.boundary = stopper.boundary
+        self._marks = marks
         started_at = clock.steps
         # N whole steps lie between N + 1 step ends; a job that stops stepping is not waited on
         # for ever (a few times the slow step's own length per step, bounded)
@@ -220,10 +224,10 @@ class SlowTrigger(Trigger):
                 self._step_done.wait(0.05)
                 self._step_done.clear()
         finally:
-            self._marks = None  # no new mark once the session ends
-            if use_cuda:
-                torch.cuda.synchronize()
-            stop_profiler(prof)
+            try:
+                stop_at_boundary(stopper, self._cancel.is_set(), True)
+            finally:
+                self._marks = None  # no new mark once the session has ended
         if self._cancel.is_set():
             return None, started_at, timed_out
         return prof, started_at, timed_out
