@@ -16,9 +16,12 @@ inside it: ``train_step``, ``optimizer.step``), seen on one call watched before 
 is profiled one session per call instead (``holds_a_step``): its calls are the steps, and a
 session in the calling thread records the ``[memory]`` events the report judges growth on.
 
-The session runs over all threads and is started and stopped from the agent's thread, so that
+The session runs over all threads and is started from the agent's thread. It is stopped at the
+next step boundary a training thread reaches (profiler_sessions.BoundaryStop), else at the main
+thread's next safe point, and from the agent's thread only when neither comes within seconds: so
 it ends at the timeout, on a cancel or a lost client whatever the target does next (a session
-that belongs to the target's thread could only be stopped by a later call that may never come).
+that belongs to the target's thread could only be stopped by a later call that may never come),
+but not while a training thread is inside an op.
 torch records no [memory] events from such a session: memory over time comes from the censuses
 and snapshots, not from this trace.
 """

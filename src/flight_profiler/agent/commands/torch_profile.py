@@ -9,9 +9,11 @@ CPU activity always; CUDA activity when the target uses CUDA (synchronised befor
 
 Windows carry step marks (agent/step_marks.py): each optimizer's steps and, around a method,
 its calls, so that the report can find the step whatever method was named. An all-threads
-session is started and stopped by the agent's thread, so it ends whatever the target does
-(the per-call sessions of method mode belong to the calling thread, see call_window.py); its
-price is that torch records no [memory] events from it.
+session is started by the agent's thread and ends whatever the target does: at the next step
+boundary of a training thread, in that thread, else at the main thread's next safe point, else
+from the agent's thread (profiler_sessions.BoundaryStop). The per-call sessions of method mode
+belong to the calling thread (call_window.py). An all-threads session's price is that torch
+records no [memory] events from it.
 """
 
 from __future__ import annotations

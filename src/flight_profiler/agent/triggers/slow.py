@@ -22,9 +22,10 @@ slower by the profiler's own cost, and the trace export competes for the GIL aft
 
 Firing: the training thread (in the hook) only takes the right to fire and starts one agent
 thread (``flight_profiler-slow``). That thread starts a torch.profiler session over ALL threads
-(``profile_all_threads``, as ``torch profile --window`` does: the session is started and stopped
-by an agent thread, so a disarm, a timeout or a job that stops stepping ends it whatever the
-training thread does next), waits for N + 1 more step ends (N whole steps between the marks
+(``profile_all_threads``, as ``torch profile --window`` does: the session is started by an agent
+thread and ended at the training thread's next step end, in it, or by the agent thread when
+none comes, so a disarm, a timeout or a job that stops stepping ends it whatever the training
+thread does next; profiler_sessions.BoundaryStop), waits for N + 1 more step ends (N whole steps between the marks
 ``flight_profiler.optimizer_step#k`` that the hook writes into the trace while it runs, as
 step_marks.py does for the window), stops it, and writes ``slow_steps.pt.trace.json`` (Chrome
 trace, torch's exporter, through the event's descriptor) with ``event.json``: the slow step's
