@@ -638,3 +638,30 @@ def test_a_window_around_a_method_called_per_character_adds_few_events_of_its_ow
     # a few dozen looks, ~1.3 a call
     assert ours < 5 * marked, f"{ours} events of the window's own thread for {marked} calls"
     assert hooks.active() == []
+
+
+def test_a_stop_re_entered_from_its_own_thread_returns_at_once(monkeypatch):
+    # GIVEN a session being stopped at a training thread's boundary, whose stop (torch's Python
+    # post-processing) runs the main thread's pending calls: one of them is the agent's
+    # fallback asking that same thread to stop (a dense window's stop outlasts the wait)
+    from flight_profiler.agent import profiler_sessions
+
+    stopped_in: list[str] = []
+
+    def stop_that_runs_a_pending_call(prof: Any) -> None:
+        stopper.boundary()  # re-entered: it must not wait for the stop it is inside
+        stopped_in.append(threading.current_thread().name)
+
+    monkeypatch.setattr(profiler_sessions, "stop_profiler", stop_that_runs_a_pending_call)
+    stopper = profiler_sessions.BoundaryStop(object())
+    agent = threading.Thread(target=stopper.stop, args=(5.0,), daemon=True)
+    agent.start()
+    # WHEN the training thread reaches its boundary
+    trainer = threading.Thread(target=lambda: [stopper.boundary() for _ in iter(lambda: stopper.done.is_set(), True)],
+                               name="trainer", daemon=True)
+    trainer.start()
+    trainer.join(5)
+    agent.join(5)
+    # THEN it stopped the session there, once, and nothing waits for ever
+    assert not trainer.is_alive() and not agent.is_alive()
+    assert stopped_in == ["trainer"] and stopper.where == "trainer"

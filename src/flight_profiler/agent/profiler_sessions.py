@@ -234,47 +234,55 @@ class BoundaryStop:
         self._before = before  # right before the stop, in the same thread (a CUDA synchronize)
         self._lock = threading.Lock()
         self._requested = False
+        self._started = False  # a stop is under way, in some thread
         self.done = threading.Event()
         self.where = ""  # the thread that stopped the session
         self._error: BaseException | None = None
 
+    def _claim(self) -> bool:
+        """Whether this caller is the one to stop; never blocks: a stop under way may be this
+        very thread's (the main thread's pending call runs inside torch's Python stop, and a
+        blocking wait there deadlocked it)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._started:
+                return False
+            self._started = True
+            return True
+        finally:
+            self._lock.release()
+
+    def _stop_here(self, where: str) -> None:
+        try:
+            if self._before is not None:
+                self._before()
+            stop_profiler(self._prof)
+        except BaseException as exc:  # raised in the agent's thread (stop), never here
+            self._error = exc
+        finally:
+            self.where = where
+            self.done.set()
+
     def boundary(self) -> None:
-        """From the target's hooks: stop here if a stop was asked for and none ran yet."""
-        if not self._requested or self.done.is_set():
-            return
-        with self._lock:
-            if self.done.is_set():
-                return
-            try:
-                if self._before is not None:
-                    self._before()
-                stop_profiler(self._prof)
-            except BaseException as exc:  # for the agent's thread to raise, never here
-                self._error = exc
-            finally:
-                self.where = threading.current_thread().name
-                self.done.set()
+        """From the target's hooks: stop here if a stop was asked for and none is under way."""
+        if self._requested and not self._started and self._claim():
+            self._stop_here(threading.current_thread().name)
 
     def stop(self, wait: float, main_wait: float = MAIN_THREAD_WAIT_S) -> None:
         """Ask for the stop; after ``wait`` s without a boundary, in the main thread between
         two bytecodes (an inference loop's ops in flight are its); after ``main_wait`` s more
-        (a main thread parked in ``join()``), from this thread."""
+        (a main thread parked in ``join()``), from this thread. A stop under way elsewhere is
+        waited for: torch's post-processing takes seconds on a dense window."""
         self._requested = True
         if wait > 0:
             self.done.wait(wait)
-        if not self.done.is_set():
+        if not self._started:
             with contextlib.suppress(SafePointTimeout):
                 run_in_main_thread(self.boundary, main_wait)
-        if not self.done.is_set():
-            with self._lock:
-                if not self.done.is_set():
-                    try:
-                        if self._before is not None:
-                            self._before()
-                        stop_profiler(self._prof)
-                    finally:
-                        self.where = "agent"
-                        self.done.set()
+        if not self._started and self._claim():
+            self._stop_here("agent")
+        self.done.wait()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
