@@ -308,3 +308,20 @@ def test_torch_cpu_allocator_failure_is_an_out_of_memory_error() -> None:
     assert is_oom(RuntimeError(text))
     assert not is_oom(RuntimeError("shape mismatch: can't allocate a view"))
     assert not is_oom(ValueError(text))  # only torch's own error type carries it
+
+
+def test_rss_dipping_just_under_the_limit_is_the_same_crossing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN an RSS limit and a job whose RSS crosses it, dips just under (an allocator handing a
+    # freed activation back), crosses again, then falls well below and crosses once more
+    from flight_profiler.agent.triggers import capture
+
+    readings = iter([90, 101, 98, 103, 80, 105])
+    monkeypatch.setattr(capture, "rss_bytes", lambda: next(readings) << 20)
+    out = evidence.EvidenceDir(str(tmp_path / "ev"), 64 << 20)
+    trigger = OomTrigger(out, 5, {}, rss_limit=100 << 20)
+    monkeypatch.setattr(trigger, "_capture", lambda event, doc, census: doc)
+    for _ in range(6):
+        trigger.tick(0.0)
+    # THEN it fired for the first crossing and the one after the real fall, not for the dip
+    events = sorted(p for p in (tmp_path / "ev").iterdir() if not p.name.startswith("."))
+    assert [json.loads((e / "event.json").read_text())["rss_bytes"] >> 20 for e in events] == [101, 105]

@@ -2,7 +2,8 @@
 
 Three signals, none of which costs the job anything per step:
 - ``--rss-limit BYTES`` (CPU): the armory's watcher reads ``/proc/self/statm`` about five times
-  a second; above the limit it fires once, with a tensor census (who holds the memory).
+  a second; above the limit it fires once, with a tensor census (who holds the memory), and
+  again only after RSS has fallen 10% below the limit (a dip just under it is the same crossing).
 - An out-of-memory error (``MemoryError``, ``torch.OutOfMemoryError``) that nobody caught:
   ``sys.excepthook`` and ``threading.excepthook`` are chained (the previous ones still run, and
   are put back on disarm if ours is still the one installed; otherwise ours stays as a pass-
@@ -53,6 +54,13 @@ def is_oom(exc: BaseException | None) -> bool:
         text = str(exc)[:4000]
         return any(words in text for words in _CPU_ALLOCATOR_WORDS)
     return False
+
+
+# A crossing of --rss-limit is over only once RSS falls this far below it: an allocator handing a
+# freed activation back made RSS dip under the limit and cross it again half a second later,
+# and that second "rss" event took the last --max-fires before the real out-of-memory error
+# (CI, a job growing 2 MiB a step under RLIMIT_AS).
+RSS_REARM_FRACTION = 0.9
 
 
 class OomTrigger(Trigger):
@@ -175,7 +183,8 @@ class OomTrigger(Trigger):
         if not self.rss_limit or not self.live:
             return
         if rss <= self.rss_limit:
-            self._above = False
+            if rss <= self.rss_limit * RSS_REARM_FRACTION:
+                self._above = False
             return
         if self._above or not self.begin_fire():
             return
