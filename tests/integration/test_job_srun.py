@@ -133,9 +133,11 @@ def test_job_srun_timeout_stops_every_node_and_leaves_the_ranks_clean(
     jobid, pids = ddp_job
     out = tmp_path / "diag"
     start = time.monotonic()
-    # a whole diagnosis takes ~40 s here: --timeout 12 stops both nodes in the middle of it
+    # --duration 30: a diagnosis lasts 30 s at least (its censuses are that far apart), so
+    # --timeout 12 stops both nodes in the middle of it (with --duration 5 a node diagnosed
+    # its ranks in under 12 s once diagnose got faster, and was not stopped)
     done = _job(cluster, "srun", jobid, "--out", str(out), "--json", "--timeout", "12", "--",
-                "diagnose", "--all-ranks", "--duration", "5", "--timeout", "20")
+                "diagnose", "--all-ranks", "--duration", "30", "--timeout", "20")
     took = time.monotonic() - start
     assert done.returncode == 12, done.stdout + done.stderr
     doc = json.loads(done.stdout)
