@@ -14,6 +14,7 @@ right fix; the program must survive. bench/bench_real_programs.py runs the same 
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,26 @@ def run_case(tmp_path: Path, name: str, mistake: bool, method: str) -> None:
     assert right, why
 
 
+class Incomplete(AssertionError):
+    """A diagnosis that ended with some phase failed or timed out (exit 12), the program alive."""
+
+
 def diagnosed(tmp_path: Path, name: str, mistake: bool, method: str) -> tuple[bool, str]:
-    """(right, why) of one diagnosis of a fresh run of the program."""
+    """(right, why) of one diagnosis of a fresh run of the program; one incomplete diagnosis is
+    run again (a fresh program), the failed phases it named kept as a warning in the test report.
+
+    Why: CI once got exit 12 from a healthy LBFGS run with `forward` (stop 40), which 75 runs of
+    this module, 34 diagnoses of that case under load and 80 back-to-back profiles here never
+    showed again; the document was cut short, so the failed phase is unknown. A second
+    incomplete one fails the test with its phases named."""
+    try:
+        return _diagnosed_once(tmp_path, name, mistake, method)
+    except Incomplete as exc:
+        warnings.warn(f"{name} {method}: an incomplete diagnosis, run again: {exc}", stacklevel=1)
+        return _diagnosed_once(tmp_path / "again", name, mistake, method)
+
+
+def _diagnosed_once(tmp_path: Path, name: str, mistake: bool, method: str) -> tuple[bool, str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     program = cases.PROGRAMS[name]
     proc = cases.start(program, mistake, log=tmp_path / "program.log")
@@ -52,8 +71,11 @@ def diagnosed(tmp_path: Path, name: str, mistake: bool, method: str) -> tuple[bo
         cases.stop(proc)
     log = (tmp_path / "program.log").read_text(errors="replace")[-2000:]
     assert alive, f"the program died during its diagnosis:\n{log}"
-    assert code in (0, 9), doc
     failed = cases.failed_phases(doc)
+    # the phases that failed come first: pytest cuts a long document short
+    if code == 12 and failed:
+        raise Incomplete(f"{failed} (the document: {tmp_path / 'diag' / 'diagnose.json'})")
+    assert code in (0, 9), (failed, doc)
     assert not failed, failed
     return cases.judge(program, mistake, doc, own)
 
