@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import hooks, targets, thread_gate
+from .. import hooks, step_marks, targets, thread_gate
 from ..registry import Context
 from ..safepoint import _torch_profiler_running
 
@@ -53,14 +53,11 @@ def census_after_call(ctx: Context, spec: dict[str, Any], take: Take, timeout: f
     label = returned_label(target.description)
     moment = f"right after {target.description} returned"
 
-    def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
-        if exc is not None:
-            return  # a call that raised is no step boundary: wait for the next one
+    def after(roots: list[tuple[str, Any]]) -> None:
         with state.lock:
             if state.claimed or state.closed:
                 return
             state.claimed = True
-        roots = [(label, value)]
         try:
             if thread_gate.supported() and not _torch_profiler_running():
                 state.doc = thread_gate.run_with_threads_held(lambda: take(roots, moment), 2.0)
@@ -76,7 +73,17 @@ def census_after_call(ctx: Context, spec: dict[str, Any], take: Take, timeout: f
             roots.clear()
             state.done.set()
 
-    remove = hooks.install(target, None, on_exit)
+    def on_exit(token: Any, value: Any, exc: BaseException | None, elapsed_ns: int) -> None:
+        if exc is None:  # a call that raised is no step boundary: wait for the next one
+            after([(label, value)])
+
+    # An optimizer's own step (LBFGS.step) ends at its post-hook, the one running now included;
+    # only there, so that every census of a series sees the same roots (the post-hook has no
+    # return value to walk).
+    remove = step_marks.after_named_step(targets.owner_class(spec), target.function,
+                                         lambda: after([]))
+    if remove is None:
+        remove = hooks.install(target, None, on_exit)
     ctx.add_hook(f"torch tensors: census after {target.description}", remove)
     deadline = time.monotonic() + timeout
     try:
