@@ -268,10 +268,11 @@ def test_a_quick_method_in_a_slow_loop_is_watched_traced_and_measured_over_fewer
               int(line.split()[line.split().index("-n") + 1])
               for line in driver.lines[1:] if "-n" in line.split()}
     # THEN the watch takes all 4 (its first call's 5 ms said nothing of the period), and
-    # the trace and the gradients, knowing the 220 ms period, the 3 that fit in 0.6 s
+    # the gradients, knowing the 220 ms period, 3 (the least: a trend), and the trace the 2
+    # that fit in 0.6 s (a call tree is the same from one call to the next)
     assert result.phase("watch").data["loop"]["period_ms"] == pytest.approx(220.0)
     assert counts["watch"] == 4
-    assert counts["trace"] == 3 and counts["torch grads"] == 3
+    assert counts["trace"] == 2 and counts["torch grads"] == 3
     # AND the profile's calls are not cut: its whole steps are the report's per-step figures
     assert counts["torch profile"] == 4
 

@@ -33,6 +33,10 @@ HEAVY_CALL_MS = 50.0
 # show in 3 calls (the least every costly method already gets).
 CALLS_WINDOW_S = 0.6
 CALLS_LEAST = 3
+# A trace's call tree is the same from one call to the next (where the time goes is a share of
+# each), so it takes 2 where the period is long: a third traced LBFGS step of a style transfer
+# (0.3-0.4 s) added nothing to the tree and a tenth to the diagnosis.
+TRACE_CALLS_LEAST = 2
 
 
 def calls_seen(event: dict[str, Any], seen: int) -> int:
@@ -93,13 +97,13 @@ class Run:
             return min(calls, heavy_cap)
         return calls
 
-    def calls_within(self, calls: int) -> int:
-        """``calls``, but no more than the method's period fits in CALLS_WINDOW_S (CALLS_LEAST
+    def calls_within(self, calls: int, least: int = CALLS_LEAST) -> int:
+        """``calls``, but no more than the method's period fits in CALLS_WINDOW_S (``least``
         at least, never more than ``calls``)."""
         period = self.call_period_s
         if period is None or period <= 0:
             return calls
-        return min(calls, max(CALLS_LEAST, int(CALLS_WINDOW_S / period)))
+        return min(calls, max(least, int(CALLS_WINDOW_S / period)))
 
     def path(self, name: str) -> str:
         """An artefact's path (the request's line quotes it if it needs quoting)."""

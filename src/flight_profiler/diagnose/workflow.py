@@ -37,7 +37,7 @@ from flight_profiler.diagnose.model import (
     PhaseResult,
 )
 from flight_profiler.diagnose.progress import NullProgress, Progress
-from flight_profiler.diagnose.run import Run, Skip, TargetUnusable, expect_file
+from flight_profiler.diagnose.run import TRACE_CALLS_LEAST, Run, Skip, TargetUnusable, expect_file
 from flight_profiler.diagnose.training import phase_grads
 from flight_profiler.errors import FlightProfilerError, TorchMissing
 from flight_profiler.requests import basic, hooks
@@ -491,7 +491,7 @@ def phase_trace(run: Run, phase: PhaseResult) -> None:
     assert o.target is not None
     try:
         # -i 0.01: keep callees down to 10 us so that small Python-level costs still add up.
-        calls = run.calls_within(run.calls_for(HEAVY_CALLS))
+        calls = run.calls_within(run.calls_for(HEAVY_CALLS), least=TRACE_CALLS_LEAST)
         request = hooks.trace(run.words(), count=calls, min_ms=0.01, depth=TRACE_DEPTH,
                               timeout=o.timeout)
         result = run.command(phase, request, expect_calls=calls)
