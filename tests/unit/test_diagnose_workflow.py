@@ -422,6 +422,8 @@ def test_no_method_measures_gradients_after_the_step_the_window_found(options: D
     # the live look at the loop follows the models' forwards, as with the step named
     [loop] = [ln for ln in driver.lines if ln.startswith("torch dataloader")]
     assert loop.startswith("torch dataloader torch.optim.adamw AdamW step --sample "), loop
+    # AND, no DataLoader alive, it looks for 5 of that step's periods (6 in 1.5 s), not 3 s
+    assert loop.endswith("--sample-if-none 1.25"), loop
 
 
 @pytest.mark.parametrize("steps,classes", [
@@ -436,6 +438,10 @@ def test_no_method_without_a_usable_step_measures_at_safe_points(options: Diagno
     run_diagnosis(driver, options)
     [grads] = [ln for ln in driver.lines if ln.startswith("torch grads")]
     assert grads.startswith("torch grads -n 3 -i 1"), grads
+    # nothing to follow (no step to name), and without a DataLoader no finding reads the
+    # stacks sampled: 1 s, not 3
+    [loop] = [ln for ln in driver.lines if ln.startswith("torch dataloader")]
+    assert loop == "torch dataloader --sample 3 --sample-if-none 1", loop
 
 
 def test_a_window_step_that_is_not_called_falls_back_to_safe_points(options: DiagnoseOptions) -> None:

@@ -462,6 +462,13 @@ def phase_input(run: Run, phase: PhaseResult) -> None:
     # calls are followed for 5 of its periods (an evaluation pass every step among them), not
     # 2 s (1 s of a style-transfer LBFGS step's 10.6 s diagnosis).
     if_none = max(1.0, 5 * period_s) if follow and period_s > 0 else None
+    # Without a method, the same for the optimizer step the profile window found: the models'
+    # forwards are followed for 5 of its steps, not 3 s (of a 9-12 s diagnosis of an
+    # actor-critic or a DQN, which have no DataLoader). With no such step nothing is followed,
+    # and without a loader or a watched loop no finding reads the stacks sampled: 1 s.
+    if if_none is None and not follow:
+        rate = run.window_steps_per_s if run.window_step is not None else None
+        if_none = max(1.0, 5.0 / rate) if rate else 1.0
     # With a method, whether a backward reads the graphs its calls build meanwhile (an
     # evaluation pass once an epoch is a few seconds' look away, rarely in a profile's steps).
     # Without one, the optimizer step the profile window found stands for it: the models'
