@@ -8,6 +8,7 @@ In-process: the handler runs in its own thread, as in the agent; a training thre
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -68,7 +69,12 @@ def census(tmp_path: Path, name: str) -> dict[str, Any]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
+def global_post_hooks() -> int:
+    return len(sys.modules["torch.optim.optimizer"]._global_optimizer_post_hooks)
+
+
 def test_a_census_after_an_optimizers_step_ends_the_step_running_now(tmp_path: Path) -> None:
+    hooks_before = global_post_hooks()
     trainer = Trainer()
     trainer.thread.start()
     docs, lags = [], []
@@ -87,7 +93,9 @@ def test_a_census_after_an_optimizers_step_ends_the_step_running_now(tmp_path: P
     # hook on the method's next call made it (that step's end: STEP_S after this one's)
     assert all(-0.01 < lag < STEP_S / 2 for lag in lags), lags
     assert {d["moment"] for d in docs} == {"right after torch.optim.lbfgs.LBFGS.step returned"}
+    # AND nothing of ours is left: no code hook, no optimizer post-hook
     assert not hook_registry.active()
+    assert global_post_hooks() == hooks_before
 
 
 def test_a_census_after_a_step_no_optimizer_runs_yet_waits_for_the_method(tmp_path: Path) -> None:
