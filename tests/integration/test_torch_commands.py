@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
 import re
 import signal
@@ -92,8 +93,10 @@ class Trainer:
         self.pid = self.target.pid
 
     def cli(self, command: str, *extra: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        # wide: a holder's path folded across two lines of a table is not found (CI, once)
         return subprocess.run([*CLI, str(self.pid), *extra, "--cmd", command], cwd=self.workdir,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "COLUMNS": "200"})
 
     def json(self, command: str) -> dict[str, Any]:
         proc = self.cli(command, "--json")

@@ -484,7 +484,8 @@ class Pairs(torch.utils.data.Dataset):  # type: ignore[misc]
         return torch.full((4,), float(i)), torch.tensor(float(i % 2))
 
 
-def _ddp_style_run(set_epoch: bool, evaluation: bool = False, peek: bool = False) -> dict[str, Any]:
+def _ddp_style_run(set_epoch: bool, evaluation: bool = False, peek: bool = False,
+                   sample: float = 0.7) -> dict[str, Any]:
     """A rank's loop as the DDP tutorials write it (rank 0 of 2, no process group needed for
     the sampler): epochs of 10 batches of 2, a backward on each unless ``evaluation``; with
     ``peek``, each epoch first takes one batch to log (`next(iter(loader))`)."""
@@ -514,8 +515,11 @@ def _ddp_style_run(set_epoch: bool, evaluation: bool = False, peek: bool = False
     trainer = threading.Thread(target=train, name="rank0")
     trainer.start()
     try:
-        time.sleep(0.45)  # inside an epoch (about 0.35 s each)
-        result, _ = run_handler("torch dataloader", {"sample": 0.2})
+        # inside an epoch (about 0.35 s each); a window of two: an epoch's start counts as
+        # unchanged only against a reading of the epoch before it, which a 0.2 s window that
+        # began between two epochs lacked (CI once; 1 run in 5 here)
+        time.sleep(0.45)
+        result, _ = run_handler("torch dataloader", {"sample": sample})
     finally:
         stop.set()
         trainer.join(10)
