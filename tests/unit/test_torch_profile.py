@@ -4,6 +4,7 @@ stderr filter that keeps kineto's lines out of the target's stderr."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import json
@@ -63,6 +64,35 @@ def test_method_mode_writes_a_trace_with_the_methods_ops(work, tmp_path):
     assert all(r["self_cpu"] <= r["cpu_total"] + 1e-6 for r in rows.values())
     assert events[0]["message"] == "waiting for train_step: 0 of 3 calls"
     assert hooks.active() == []
+
+
+def _sessions_alive() -> int:
+    return sum(isinstance(o, torch.profiler.profile) for o in gc.get_objects())
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_a_profiles_sessions_are_freed_when_it_answers_not_by_a_later_gc(work, tmp_path, window):
+    # torch's session holds bound methods of itself: left to the cyclic GC, its results were
+    # freed in whichever thread allocated next (0.3 s inside the target's next step)
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = _sessions_alive()
+        args: dict[str, Any] = {"path": str(tmp_path / "p.json.gz"), "with_stack": True,
+                                "profile_memory": True, "row_limit": 0}
+        if window:  # all threads for a time: one session, stopped from the agent's thread
+            i = iter(range(10**6))
+            result, _ = run_handler("torch profile", {**args, "duration": 0.3},
+                                    drive=lambda: work.train_step(next(i)))
+            assert result["mode"] == "window"
+        else:  # the next calls: a session each, in the calling thread
+            result, _ = profile_method(work, {**args, "calls": 2})
+            assert result["calls_recorded"] == 2
+        assert _sessions_alive() == before
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def test_rank_comes_from_the_environment(work, tmp_path, monkeypatch):

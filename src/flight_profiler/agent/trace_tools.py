@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from .profiler_sessions import release
 from .protocol import ERR_FAILED
 from .registry import CommandError
 from .torch_support import quiet_native_stderr, write_blocks, write_json
@@ -57,7 +58,8 @@ def export(profs: list[Any], path: str, trace_name: str, notes: list[str] | None
             tmps.append(tmp)
             with quiet_native_stderr():
                 prof.export_chrome_trace(tmp)
-            del prof
+            release(prof)
+            del prof  # freed here, in the agent's thread
         mender = Mender()
         try:
             if not parse or sum(os.path.getsize(t) for t in tmps) > PARSE_LIMIT_BYTES:

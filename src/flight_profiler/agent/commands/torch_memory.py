@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from .. import call_window, cuda_history, memory_snapshot
-from ..profiler_sessions import PerCall
+from ..profiler_sessions import PerCall, release
 from ..protocol import ERR_USAGE
 from ..registry import CommandError, Context
 from ..safepoint import at_safe_point
@@ -238,6 +238,7 @@ def _record_cpu(ctx: Context, torch: Any, spec: dict[str, Any], calls: int, time
         while profs:
             prof = profs.pop(0)
             more, known = memory_snapshot.events_from_profiler(prof, table)
+            release(prof)
             del prof
             events += more
             frames_known = frames_known and known
