@@ -195,7 +195,7 @@ def test_commands_are_typed_as_a_user_would(options: DiagnoseOptions) -> None:
         # inside the census window, where a fast loop's diagnosis waits anyway
         "torch memory",
         f"torch memory -s -f {out}/snapshot-before.pickle",
-        f"torch profile __main__ train_step --window --duration 0.1 -n 4 -f {out}/profile.json.gz "
+        f"torch profile __main__ train_step --window --duration 0.1 -n 4 --budget 1 -f {out}/profile.json.gz "
         "--profile-memory --with-stack --row-limit 0 --timeout 7",
         f"torch memory -r __main__ train_step -n 4 -f {out}/record.pickle --timeout 7 --budget 0.75",
         "watch __main__ train_step --expr cost -n 4 --timeout 7",

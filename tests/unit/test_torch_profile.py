@@ -337,6 +337,26 @@ def test_timeout_after_some_calls_keeps_what_was_recorded(work, tmp_path):
     assert hooks.active() == []
 
 
+@pytest.mark.parametrize("schedule", [None, [0, 1, 3]])
+def test_a_budget_stops_after_two_profiled_calls(work, tmp_path, schedule):
+    # GIVEN a budget every call overruns: the 2 profiled calls it keeps at least, a warm-up
+    # call (CUDA's, or a --schedule's) not counted among them
+    args: dict[str, Any] = {"calls": 5, "budget": 0.001, "path": str(tmp_path / "b.json"), "timeout": 30.0}
+    if schedule:
+        args["schedule"] = schedule
+    result, _ = profile_method(work, args)
+    assert result["calls_recorded"] == (3 if schedule else 2) and result["budget_s"] == 0.001
+    assert result["sessions"] == 2
+    assert not result["timed_out"] and hooks.active() == []
+    events = load_trace(tmp_path / "b.json")["traceEvents"]
+    assert sum(e.get("name") == "aten::addmm" for e in events) == 2 * 2
+
+
+def test_without_a_budget_every_call_is_profiled(work, tmp_path):
+    result, _ = profile_method(work, {"calls": 3, "path": str(tmp_path / "n.json"), "timeout": 30.0})
+    assert result["calls_recorded"] == 3 and "budget_s" not in result
+
+
 def test_needs_method_or_duration(tmp_path):
     with pytest.raises(CommandError):
         run_handler("torch profile", {"path": str(tmp_path / "x.json")})
@@ -429,10 +449,17 @@ def test_cli_profile_arguments(tmp_path, monkeypatch):
     assert req.args["schedule"] == [1, 1, 3] and req.args["path"] == str(tmp_path / "t.json.gz")
     assert req.args["with_stack"] is True and req.args["calls"] == 2
     assert parse("torch profile --duration 2").args["duration"] == 2.0
+    assert parse("torch profile m f -n 3 --budget 1.5").args["budget"] == 1.5
+    assert "budget" not in parse("torch profile m f -n 3").args
     for bad in ("torch profile", "torch profile --duration 2 mod f", "torch profile m f --schedule 1,x",
-                "torch profile --duration 1 --schedule 1,1,1"):
+                "torch profile --duration 1 --schedule 1,1,1", "torch profile --duration 1 --budget 1",
+                "torch profile m f --budget 0", "torch profile m f --budget x"):
         with pytest.raises(UsageError):
             parse(bad)
+    out = io.StringIO()
+    render_profile({"path": "/t.json", "size": 10, "mode": "method", "calls_recorded": 2,
+                    "calls_requested": 3, "target": "m.f", "budget_s": 1.0}, Console(file=out, width=150))
+    assert "profiled 2 of 3 calls of m.f: the profiled calls took the --budget of 1 s" in out.getvalue()
     out = io.StringIO()
     render_profile({"path": "/t.json", "size": 10, "mode": "method", "calls_recorded": 2,
                     "calls_requested": 2, "target": "m.f",

@@ -79,13 +79,14 @@ class _State:
 def record_calls(ctx: Context, spec: dict[str, Any], calls: int, timeout: float,
                  start: Callable[[int], None], stop: Callable[[int], None],
                  what: str = "recording", budget: float = 0.0,
-                 accept: Callable[[], bool] | None = None) -> dict[str, Any]:
+                 accept: Callable[[], bool] | None = None,
+                 least: int = MIN_CALLS_IN_BUDGET) -> dict[str, Any]:
     """Returns {"calls_recorded", "calls_requested", "target", "timed_out", "cancelled",
     "in_flight"[, "budget_s"]}. ``budget`` (seconds, 0: none): once the recorded calls, with the
     recording's own start and stop, have taken that long, no further call is recorded (at
-    least MIN_CALLS_IN_BUDGET are): a step of a few ms whose recording costs 0.4 s (an
-    actor-critic episode's backward, thousands of allocations with their stacks) made 10 calls
-    4.5 s of a diagnosis. ``accept`` (in the calling thread, at a call's entry): whether this
+    least ``least`` are, MIN_CALLS_IN_BUDGET unless told: a profile's warm-up calls come on
+    top): a step of a few ms whose recording costs 0.4 s (an actor-critic episode's backward,
+    thousands of allocations with their stacks) made 10 calls 4.5 s of a diagnosis. ``accept`` (in the calling thread, at a call's entry): whether this
     call is one to record; the calls it turns down are not counted."""
     target = targets.resolve(spec)
     state = _State(calls, budget)
@@ -133,7 +134,7 @@ def record_calls(ctx: Context, spec: dict[str, Any], calls: int, timeout: float,
             state.finished += 1
             state.spent += time.monotonic() - state.entered_at
             if (state.budget and state.spent >= state.budget
-                    and state.finished >= MIN_CALLS_IN_BUDGET and state.finished < state.calls):
+                    and state.finished >= least and state.finished < state.calls):
                 state.over_budget = state.closed = True
             last = state.finished >= state.calls or state.over_budget
         if last:

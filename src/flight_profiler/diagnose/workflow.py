@@ -60,6 +60,13 @@ PROFILE_CALLS = 5
 # each such call is a whole step of seconds under the profiler or the tracer (an LBFGS step:
 # 5 closure calls), and 3 whole steps are what the report's per-step figures need.
 HEAVY_CALLS = 3
+# Seconds the profiled calls may take in all where the method holds a whole step (a session per
+# call), their sessions' stops included, 2 calls at least: the stop of a session of a style
+# transfer's LBFGS step (20 closure evaluations, with stacks and memory) took 0.37 s after a
+# 0.25 s step, its export and freeing 0.3 s more: 3 calls were 3.0-3.6 s of a 9-10 s diagnosis.
+# Growth is judged over the 3 censuses; a profile's per-step memory figure needs 3 steps
+# (report/thresholds.py: leak_min_steps), which such a profile then does not claim.
+PROFILE_BUDGET_S = 1.0
 # Calls recorded (`torch memory -r`) when one is costly: the recording shows where the method
 # allocates (the report's sites and the peak inside the calls), which one whole step of seconds
 # already shows (an LBFGS step: 5 closure calls, 17,000 allocations); no rule judges per-step
@@ -312,7 +319,8 @@ def phase_profile(run: Run, phase: PhaseResult) -> None:
         calls = min(run.calls_for(HEAVY_CALLS), PROFILE_CALLS)
         request = torch_requests.profile(run.words(), calls=calls, window=True,
                                          duration=o.duration, file=path, profile_memory=True,
-                                         with_stack=True, timeout=o.timeout, row_limit=0)
+                                         with_stack=True, timeout=o.timeout, row_limit=0,
+                                         budget=PROFILE_BUDGET_S if calls > 2 else None)
         result = run.command(phase, request, timeout=o.timeout + EXPORT_S, expect_calls=calls)
         if result.get("mode") == "around":
             entered, window = result.get("calls_entered"), result.get("window_s")

@@ -218,6 +218,10 @@ def tensors(ctx: click.Context, /, **_: Any) -> AgentRequest:
 @click.option("--steps", type=click.IntRange(1),
               help="With --duration alone: end the window sooner, once every optimizer stepped N "
                    "times (after 1 s at least): a fast loop's 5 s window is millions of events.")
+@click.option("--budget", type=FiniteFloatRange(0.1),
+              help="With a method profiled a session per call: no further call once the profiled "
+                   "ones took this many seconds in all, their sessions' stops included (at least "
+                   "2 calls). Not used by an all-threads --window.")
 @click.option("--tensorboard", type=click.Path(file_okay=False), help="Write DIR/plugins/profile/<run>/<host>_<pid>.<ts>.pt.trace.json.gz.")
 @click.option("--label", default="", help="Trace name (and TensorBoard run name).")
 @click.pass_context

@@ -115,12 +115,14 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
             with_stack: bool = False, sort_by: str | None = None, row_limit: int | None = None,
             timeout: float | None = None, schedule: str | None = None,
             tensorboard: str | None = None, label: str | None = None,
-            window: bool = False, steps: int | None = None) -> AgentRequest:
+            window: bool = False, steps: int | None = None,
+            budget: float | None = None) -> AgentRequest:
     """The next ``calls`` of ``target``, or all threads for ``duration`` s, to a Chrome trace;
     ``schedule``: "wait,warmup,active[,repeat]". ``window``: all threads around the next
     ``calls`` of ``target`` (whole steps around them; ``duration``: at most this long once the
     calls are in). ``steps`` (a window without a method): end it once every optimizer stepped
-    that many times, after 1 s at least."""
+    that many times, after 1 s at least. ``budget``: profiling a session per call, no further
+    call once the profiled ones took that many seconds in all (2 calls at least)."""
     if steps is not None and (target or duration is None):
         raise UsageError("torch profile: --steps ends a --duration window without a method",
                          "e.g. `torch profile --duration 5 --steps 20`")
@@ -138,6 +140,9 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
                          "e.g. `torch profile __main__ train_step -n 3`")
     if tensorboard and file:
         raise UsageError("torch profile: --tensorboard and -f cannot be combined", "--tensorboard names the file itself")
+    if budget is not None and not target:
+        raise UsageError("torch profile: --budget bounds a method's profiled calls",
+                         "e.g. `torch profile __main__ train_step -n 5 --budget 2`")
     args: dict[str, Any] = {
         "record_shapes": record_shapes, "profile_memory": profile_memory, "with_stack": with_stack,
         "sort_by": sort_by, "row_limit": 15 if row_limit is None else row_limit, "label": label or "",
@@ -158,8 +163,10 @@ def profile(target: Sequence[str] = (), duration: float | None = None, calls: in
             args["window"] = True
             if duration is not None:
                 args["duration"] = duration
+        if budget is not None:
+            args["budget"] = budget
     line = (Line("torch profile", *target).flag("--window", window).option("--duration", duration)
-            .option("-n", calls)
+            .option("-n", calls).option("--budget", budget)
             .option("--steps", steps).option("--schedule", schedule).option("-f", file).flag("--record-shapes", record_shapes)
             .flag("--profile-memory", profile_memory).flag("--with-stack", with_stack)
             .option("--sort-by", sort_by).option("--row-limit", row_limit).option("--timeout", timeout)

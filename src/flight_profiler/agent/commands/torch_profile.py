@@ -4,7 +4,8 @@ in), with torch.profiler, written as a Chrome trace; returns the top operators.
 
 args: target (method mode) or duration (window mode) or both with ``window`` (around mode);
 calls, timeout, path/default_dir, record_shapes, profile_memory, with_stack, sort_by, row_limit,
-schedule [wait, warmup, active, repeat], tensorboard (a directory), label.
+schedule [wait, warmup, active, repeat], tensorboard (a directory), label, budget (seconds: in
+method mode, no further call once the profiled calls took that long, sessions' stops included).
 CPU activity always; CUDA activity when the target uses CUDA (synchronised before stopping).
 
 Windows carry step marks (agent/step_marks.py): each optimizer's steps and, around a method,
@@ -185,9 +186,15 @@ def _method(ctx: Context, torch: Any, spec: Any, use_cuda: bool, options: dict[s
     per_call = PerCall(torch, {"activities": _activities(torch, use_cuda), **options}, roles,
                        steps=roles is not None, sync_cuda=use_cuda, marks=marks,
                        export_dir=export_dir)
+    budget = float(ctx.arg("budget") or 0.0)
+    # Within a budget, the calls up to the 2nd profiled one at least (a warm-up or wait call is
+    # not profiled).
+    active = [i for i in range(calls) if per_call.role(i) == "active"]
+    least = (active[call_window.MIN_CALLS_IN_BUDGET - 1] + 1
+             if len(active) >= call_window.MIN_CALLS_IN_BUDGET else calls)
     try:
         info = call_window.record_calls(ctx, spec, calls, timeout, per_call.start, per_call.stop,
-                                        what="profile")
+                                        what="profile", budget=budget, least=least)
     finally:
         profs = per_call.finish()
     if not profs:

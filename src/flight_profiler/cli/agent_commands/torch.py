@@ -187,7 +187,9 @@ def render_profile(data: dict[str, Any], console: Console) -> None:
                          "times: --steps)" if data.get("ended_by_steps") else ""))
     else:
         console.print(f"profiled {fmt(data.get('calls_recorded'), 'd')} of "
-                      f"{fmt(data.get('calls_requested'), 'd')} calls of {txt(data.get('target'))}",
+                      f"{fmt(data.get('calls_requested'), 'd')} calls of {txt(data.get('target'))}"
+                      + (f": the profiled calls took the --budget of {fmt(data.get('budget_s'), 'g')} s"
+                         if data.get("budget_s") else ""),
                       highlight=False)
     if data.get("note"):
         _note(console, data["note"])
