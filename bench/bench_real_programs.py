@@ -124,9 +124,11 @@ def _one_run(program: cases.Program, variant: str, method: str, out: Path,
              f"{dl.get('profile_pct', '-')}% in the profile, "
              f"{own if own is not None else '-'}% by the program itself"
              if dl or own is not None else "")
+    partial = [f"{p.get('name')}: {p.get('reason')}" for p in doc.get("phases") or []
+               if str(p.get("reason") or "").startswith("partial")]
     line = (f"{program.name:26s} {variant:8s} {method:8s} run {out.name.rsplit('-', 1)[-1]}: "
             f"{'RIGHT' if ok else 'WRONG'} {seconds:5.1f}s exit {code} "
-            f"step={_step(step)}{share}  {why}")
+            f"step={_step(step)}{share}  {why}" + (f"  [{'; '.join(partial)}]" if partial else ""))
     return ok, line, doc
 
 
