@@ -86,8 +86,9 @@ def record_calls(ctx: Context, spec: dict[str, Any], calls: int, timeout: float,
     recording's own start and stop, have taken that long, no further call is recorded (at
     least ``least`` are, MIN_CALLS_IN_BUDGET unless told: a profile's warm-up calls come on
     top): a step of a few ms whose recording costs 0.4 s (an actor-critic episode's backward,
-    thousands of allocations with their stacks) made 10 calls 4.5 s of a diagnosis. ``accept`` (in the calling thread, at a call's entry): whether this
-    call is one to record; the calls it turns down are not counted."""
+    thousands of allocations with their stacks) made 10 calls 4.5 s of a diagnosis.
+    ``accept`` (in the calling thread, at a call's entry): whether this call is one to
+    record; the calls it turns down are not counted."""
     target = targets.resolve(spec)
     state = _State(calls, budget)
 

@@ -13,8 +13,9 @@ step from them and uses whole steps only.
 
 A method whose one call holds a whole step itself (an optimizer step or a backward completes
 inside it: ``train_step``, ``optimizer.step``), seen on one call watched before any profiling
-(an optimizer's own ``step`` needs no call watched), is profiled one session per call instead (``holds_a_step``): its calls are the steps, and a
-session in the calling thread records the ``[memory]`` events the report judges growth on.
+(an optimizer's own ``step`` needs no call watched), is profiled one session per call instead
+(``holds_a_step``): its calls are the steps, and a session in the calling thread records the
+``[memory]`` events the report judges growth on.
 
 The session runs over all threads and is started from the agent's thread. It is stopped at the
 next step boundary a training thread reaches (profiler_sessions.BoundaryStop), else at the main
@@ -180,7 +181,8 @@ def around_calls(ctx: Context, torch: Any, spec: Any, activities: list[Any], use
     # An optimizer's own step() is a step by definition: no probe call to watch. The probe
     # waited for a call to begin and end, and the first profiled call then for the next one to
     # begin: 1.5-2.5 steps (0.3-0.6 s of a style transfer's LBFGS steps) for a known answer.
-    held = True if target.code in optimizer_step_codes(torch) else holds_a_step(ctx, torch, target, timeout)
+    held = (True if target.code in optimizer_step_codes(torch)
+            else holds_a_step(ctx, torch, target, timeout))
     if held is None:
         why = "cancelled before any call" if ctx.cancelled else f"no call of {target.description} within {timeout:g} s"
         raise CommandError(why, "is the method being called? check with `watch`; raise --timeout", ERR_FAILED)

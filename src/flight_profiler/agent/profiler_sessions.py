@@ -215,7 +215,7 @@ def stop_profiler(prof: Any) -> None:
 def release(prof: Any) -> None:
     """Let a stopped session go as soon as its last reference does, in the thread that drops
     it. A ``torch.profiler.profile`` holds bound methods of itself (its ``action_map``): a
-    cycle, so its results (150 MB of JSON when exported, for 3 LBFGS steps under with_stack)
+    cycle, so its results (114 MB of JSON when exported, for 3 LBFGS steps under with_stack)
     waited for the cyclic GC, which then freed them in whichever thread allocated next: 0.3 s
     inside the target's next step (in diagnose, inside the census after it). Only for a
     session that is stopped and exported: the map drives its start/stop transitions."""

@@ -58,7 +58,8 @@ WINDOW_SAMPLE_S = 3.0
 PROFILE_CALLS = 5
 # Calls traced and profiled when one call of the method is costly (Run.calls_for):
 # each such call is a whole step of seconds under the profiler or the tracer (an LBFGS step:
-# 5 closure calls), and 3 whole steps are what the report's per-step figures need.
+# 5 closure calls), and 3 whole steps are what the report's per-step figures need (a profile
+# whose sessions outrun PROFILE_BUDGET_S keeps 2, and claims no per-step memory figure).
 HEAVY_CALLS = 3
 # Seconds the profiled calls may take in all where the method holds a whole step (a session per
 # call), their sessions' stops included, 2 calls at least: the stop of a session of a style
